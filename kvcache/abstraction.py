@@ -1,0 +1,126 @@
+"""The abstraction function from the reference cache to spec/, and its invariant check.
+
+`abstract` is total: it maps broken states too, so that spec/'s invariants can name
+what is broken. `audit` checks what only the implementation has (links, heap
+entries, kept counters, the allocators' bitmaps); `check_invariants` runs both.
+"""
+
+from __future__ import annotations
+
+from kvcache.manager import CacheManager
+from kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
+from kvcache.tree import CPU, GPU, Node
+from spec import invariants
+from spec.invariants import Violation
+from spec.state import (
+    CacheState,
+    Counters,
+    Holding,
+    Node as SpecNode,
+    Observed,
+    Prefetch,
+    StorageWrite,
+    SwapIn,
+    SwapOut,
+    Transfer,
+)
+from spec.types import OnCpu, TransferId
+
+
+def _spec_node(n: Node) -> SpecNode:
+    assert n.tier is not None and n.parent is not None
+    return SpecNode(None if n.parent.is_root else n.parent.hash, n.tier, n.refcount)
+
+
+def _spec_transfer(job: SwapOutJob | SwapInJob | WriteJob | PrefetchJob) -> Transfer:
+    if isinstance(job, SwapOutJob):
+        return SwapOut(tuple((n.hash, g, c) for n, g, c in job.items))
+    if isinstance(job, SwapInJob):
+        return SwapIn(job.request, tuple((n.hash, c, g) for n, c, g in job.items))
+    if isinstance(job, WriteJob):
+        return StorageWrite(tuple(job.items), tuple(job.adopted))
+    return Prefetch(job.request, tuple(job.items))
+
+
+def abstract(cache: CacheManager) -> CacheState:
+    return CacheState(
+        gpu_size=cache.gpu.size,
+        cpu_size=cache.cpu.size,
+        gpu_free=tuple(sorted(cache.gpu.free_blocks())),
+        cpu_free=tuple(sorted(cache.cpu.free_blocks())),
+        nodes={n.hash: _spec_node(n) for n in cache.tree.walk()},
+        requests={
+            r: Holding(tuple(n.hash for n in held.path), tuple(held.private)) for r, held in cache.requests.items()
+        },
+        transfers={TransferId(t): _spec_transfer(job) for t, job in cache.jobs.items()},
+        stored=frozenset(cache.stored),
+        gpu_pins=dict(cache.gpu_pins),
+        cpu_pins=dict(cache.cpu_pins),
+        next_transfer=cache.next_transfer,
+    )
+
+
+def observe(cache: CacheManager) -> Observed:
+    return Observed(
+        gpu_findable=frozenset(n.hash for n in cache.gpu_heap.entries() if n.alive),
+        cpu_findable=frozenset(n.hash for n in cache.cpu_heap.entries() if n.alive),
+        counters=Counters(
+            gpu_free=cache.gpu.num_free,
+            cpu_free=cache.cpu.num_free,
+            gpu_evictable=cache.gpu_evictable,
+            cpu_evictable=cache.cpu_evictable,
+            gpu_in_use=cache.gpu_in_use,
+        ),
+    )
+
+
+def _referenced(cache: CacheManager) -> list[Node]:
+    """Every node some structure points at."""
+    out = [n for held in cache.requests.values() for n in held.path]
+    out += cache.gpu_heap.entries() + cache.cpu_heap.entries()
+    for job in cache.jobs.values():
+        if isinstance(job, SwapOutJob | SwapInJob):
+            out += [item[0] for item in job.items]
+    return out
+
+
+def audit(cache: CacheManager) -> list[Violation]:
+    """Checks of implementation-only structure, each under the invariant it serves."""
+    out: list[Violation] = []
+    reachable = cache.tree.walk()
+    for n in reachable:
+        assert n.parent is not None
+        if not n.alive or n.parent.children.get(n.hash) is not n:
+            out.append(Violation("INV-TREE", f"node {n.hash:#x} is linked wrongly"))
+        on_gpu = sum(1 for c in n.children.values() if c.tier is not None and not isinstance(c.tier, OnCpu))
+        if on_gpu != n.gpu_children:
+            out.append(Violation("INV-COUNTERS", f"node {n.hash:#x} counts {n.gpu_children} GPU children, has {on_gpu}"))
+    for n in _referenced(cache):
+        if n.alive and (n.parent is None or n.parent.children.get(n.hash) is not n):
+            out.append(Violation("INV-TREE", f"node {n.hash:#x} is referenced but detached from the tree"))
+    for tier, heap in ((GPU, cache.gpu_heap), (CPU, cache.cpu_heap)):
+        live = [n for n in heap.entries() if n.alive]
+        if len({id(n) for n in live}) != len(live):
+            out.append(Violation("INV-HEAP-SOUND", f"{'GPU' if tier == GPU else 'CPU'} heap holds a node twice"))
+        held = {id(n) for n in live}
+        for n in reachable:
+            if n.in_heap[tier] != (id(n) in held):
+                out.append(
+                    Violation("INV-HEAP-SOUND", f"node {n.hash:#x} in_heap flag {n.in_heap[tier]} disagrees with the heap")
+                )
+    for name, alloc in (("GPU", cache.gpu), ("CPU", cache.cpu)):
+        listed = alloc.free_blocks()
+        if len(set(listed)) != len(listed):
+            out.append(Violation("INV-CONSERVE", f"{name} free list holds duplicates"))
+        if any(not alloc.is_free(b) for b in listed):
+            out.append(Violation("INV-CONSERVE", f"{name} free list holds a block its bitmap says is in use"))
+    return out
+
+
+def check_invariants(cache: CacheManager) -> list[Violation]:
+    """Every invariant of the cache layer; each violation carries its ID."""
+    found = audit(cache)
+    if not any(v.id == "INV-TREE" for v in found):  # a detached tree's abstraction only repeats it
+        found += invariants.check(abstract(cache), observe(cache))
+    return invariants.by_severity(found)
+

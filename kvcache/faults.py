@@ -1,0 +1,187 @@
+"""A seeded, replayable fault injector: it wraps a storage backend and decides, call by call,
+how the transfer goes wrong and which answers (if any) its caller will hear, and when.
+
+Faults are decided by a plan object, never by monkeypatching, so a failing run replays from
+its seed (SeededFaults) or from the list of faults it printed (ScriptedFaults).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Protocol, Sequence, TypeAlias
+
+from kvcache.storage import StorageBackend, StorageError
+from spec.types import BlockHash, Error, Ok, Outcome, Partial
+
+
+class FaultKind(Enum):
+    OK = "ok"
+    RAISE = "raise"  # the call raises StorageError; nothing is done
+    ERROR = "error"  # answers Error; nothing is done
+    PARTIAL = "partial"  # only the first `done` items are done, and the answer says so
+    HANG = "hang"  # the work may be done, but no answer ever comes
+    LATE = "late"  # the answer comes after `delay` ticks
+    TWICE = "twice"  # the answer comes now and again after `delay` ticks (a duplicate)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    done: int = 0  # PARTIAL: items that succeed
+    delay: int = 0  # LATE, TWICE: ticks until the (second) answer
+
+    def __post_init__(self) -> None:
+        if self.done < 0 or self.delay < 0:
+            raise ValueError(f"fault {self.kind.value}: done={self.done} and delay={self.delay} must be >= 0")
+
+    def __str__(self) -> str:
+        name = self.kind.name.lower()
+        if self.kind is FaultKind.PARTIAL:
+            return f"{name}({self.done})"
+        if self.kind in (FaultKind.LATE, FaultKind.TWICE):
+            return f"{name}({self.delay})"
+        return name
+
+
+OK_FAULT = Fault(FaultKind.OK)
+FAULT_KINDS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k is not FaultKind.OK)
+
+
+class FaultPlan(Protocol):
+    def next_fault(self, op: str, items: int) -> Fault:
+        """The fault for the next call: `op` is "write" or "read", `items` its batch size."""
+        ...
+
+
+class NoFaults:
+    def next_fault(self, op: str, items: int) -> Fault:
+        return OK_FAULT
+
+
+class SeededFaults:
+    """Faults drawn from a private RNG: the same seed and call sequence give the same faults."""
+
+    def __init__(
+        self,
+        seed: int,
+        rate: float,
+        kinds: Sequence[FaultKind] = FAULT_KINDS,
+        max_delay: int = 4,
+    ) -> None:
+        if not 0.0 <= rate <= 1.0:  # written this way so NaN is refused too
+            raise ValueError(f"fault rate must be in [0, 1], got {rate}")
+        if rate > 0 and not kinds:
+            raise ValueError("fault kinds must not be empty when the rate is above 0")
+        if max_delay < 1:
+            raise ValueError(f"max_delay must be >= 1, got {max_delay}")
+        self.seed = seed
+        self.rate = rate
+        self.kinds = tuple(kinds)
+        self.max_delay = max_delay
+        self._rng = random.Random(seed)  # private: other users of `random` cannot shift the sequence
+
+    def next_fault(self, op: str, items: int) -> Fault:
+        if self._rng.random() >= self.rate:
+            return OK_FAULT
+        kind = self._rng.choice(self.kinds)
+        if kind is FaultKind.PARTIAL:
+            # A batch of 0 items cannot be partly done.
+            return Fault(kind, done=self._rng.randrange(items)) if items > 0 else OK_FAULT
+        if kind in (FaultKind.LATE, FaultKind.TWICE):
+            return Fault(kind, delay=self._rng.randint(1, self.max_delay))
+        return Fault(kind)
+
+
+class ScriptedFaults:
+    """The given faults in order, then OK forever; `push` appends one (e.g. from a test rule)."""
+
+    def __init__(self, faults: Iterable[Fault] = ()) -> None:
+        self._queue: deque[Fault] = deque(faults)
+
+    def push(self, fault: Fault) -> None:
+        self._queue.append(fault)
+
+    def next_fault(self, op: str, items: int) -> Fault:
+        return self._queue.popleft() if self._queue else OK_FAULT
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer to a call, heard `delay` ticks after it (0 = at once)."""
+
+    delay: int
+    outcome: Outcome
+
+
+# Every answer the caller will hear; () means none ever comes and the caller's timeout decides.
+Reply: TypeAlias = tuple[Answer, ...]
+
+
+def _outcome(done: int, items: int, short_is_error: bool) -> Outcome:
+    if done >= items:
+        return Ok()
+    if done == 0 and short_is_error:
+        return Error()
+    return Partial(done)
+
+
+class FaultyStorage:
+    """A backend behind a fault plan. Only write and read are faulted; exists and clear are
+    bookkeeping that the engine's transfer protocol does not go through."""
+
+    def __init__(self, backend: StorageBackend, plan: FaultPlan) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.injected: Counter[FaultKind] = Counter()  # non-OK faults only
+
+    def _next(self, op: str, first: BlockHash | None, items: int) -> Fault:
+        fault = self.plan.next_fault(op, items)
+        if fault.kind is not FaultKind.OK:
+            self.injected[fault.kind] += 1
+        if fault.kind is FaultKind.RAISE:
+            at = "an empty batch" if first is None else f"block {first:016x}"
+            raise StorageError(f"injected fault: {op} of {items} blocks failed at {at}")
+        return fault
+
+    @staticmethod
+    def _deliver(fault: Fault, outcome: Outcome) -> Reply:
+        """The answers for a call that did its work and whose true result is `outcome`."""
+        if fault.kind is FaultKind.HANG:
+            return ()
+        if fault.kind is FaultKind.LATE:
+            return (Answer(fault.delay, outcome),)
+        if fault.kind is FaultKind.TWICE:
+            return (Answer(0, outcome), Answer(fault.delay, outcome))
+        return (Answer(0, outcome),)
+
+    def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> Reply:
+        fault = self._next("write", blocks[0][0] if blocks else None, len(blocks))
+        if fault.kind is FaultKind.ERROR:
+            return (Answer(0, Error()),)
+        if fault.kind is FaultKind.PARTIAL:
+            return (Answer(0, Partial(self.backend.write(blocks[: fault.done]))),)
+        # OK, HANG, LATE, TWICE: the write happens; a short backend write is told truthfully.
+        n = self.backend.write(blocks)
+        return self._deliver(fault, _outcome(n, len(blocks), short_is_error=True))
+
+    def read(self, hashes: Sequence[BlockHash]) -> tuple[Reply, list[bytes]]:
+        fault = self._next("read", hashes[0] if hashes else None, len(hashes))
+        if fault.kind is FaultKind.ERROR:
+            return (Answer(0, Error()),), []
+        if fault.kind is FaultKind.HANG:
+            return (), []  # no answer, so the caller may not use any data
+        if fault.kind is FaultKind.PARTIAL:
+            data = self.backend.read(hashes[: fault.done])
+            return (Answer(0, Partial(len(data))),), data
+        # OK, LATE, TWICE: a read miss is a short hit, not an error.
+        data = self.backend.read(hashes)
+        return self._deliver(fault, _outcome(len(data), len(hashes), short_is_error=False)), data
+
+    def exists(self, hashes: Sequence[BlockHash]) -> int:
+        return self.backend.exists(hashes)
+
+    def clear(self) -> None:
+        self.backend.clear()

@@ -1,0 +1,93 @@
+"""Running a stateful machine as a campaign: seeded, bounded, with a verdict."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis.errors import Flaky
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
+
+from oracle.violations import PropertyViolated
+from spec.types import Error, Ok, Partial, Timeout
+
+
+@dataclass(frozen=True)
+class RunResult:
+    passed: bool
+    violation: PropertyViolated | None
+    counterexample: tuple[str, ...]  # the shrunk steps, one call per line
+    seconds: float
+
+    @property
+    def first_id(self) -> str:
+        return "" if self.violation is None else self.violation.first_id
+
+
+def run_machine(
+    machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True
+) -> RunResult:
+    """Run `examples` random programs of up to `steps` steps from `seed_value`."""
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    config = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=phases,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    test = seed(seed_value)(get_state_machine_test(machine, settings=config))
+    start = time.perf_counter()
+    try:
+        test()
+    except PropertyViolated as e:
+        steps_found = minimize(machine, counterexample_steps(e), e.first_id)
+        return RunResult(False, e, steps_found, time.perf_counter() - start)
+    except Flaky as e:  # pragma: no cover - reported, never hidden
+        raise RuntimeError(f"flaky machine run: {e}") from e
+    return RunResult(True, None, (), time.perf_counter() - start)
+
+
+_CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")
+
+
+def counterexample_steps(e: BaseException) -> tuple[str, ...]:
+    """The rule calls of the shrunk program Hypothesis attached to the failure."""
+    notes = getattr(e, "__notes__", [])
+    return tuple(line.strip() for note in notes for line in note.splitlines() if _CALL.match(line.strip()))
+
+
+def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> PropertyViolated | None:
+    """Run a printed program again on a fresh machine; the violation it ends in, if any."""
+    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout}
+    state = machine()
+    try:
+        for step in steps:
+            eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
+        state.teardown()
+    except PropertyViolated as e:
+        return e
+    return None
+
+
+def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], first_id: str) -> tuple[str, ...]:
+    """Delete steps while the program still fails with the same first ID (Hypothesis's
+    stateful shrinker sometimes leaves no-op steps in)."""
+    best = list(steps)
+    if not best or (found := replay(machine, best)) is None or found.first_id != first_id:
+        return tuple(best)  # not replayable as printed: keep Hypothesis's answer
+    i = 0
+    while i < len(best):
+        trial = best[:i] + best[i + 1 :]
+        found = replay(machine, trial)
+        if found is not None and found.first_id == first_id:
+            best = trial
+        else:
+            i += 1
+    return tuple(best)

@@ -1,0 +1,144 @@
+"""`kvoracle`: the command line. `kvoracle check` is the main job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence, TextIO
+
+from oracle.campaign import RunResult, run_machine
+from oracle.targets import Target, all_targets, tally_of
+
+
+@dataclass(frozen=True)
+class Row:
+    target: Target
+    steps: int
+    faults: int
+    bad_inputs: int
+    verdict: str
+    first_id: str
+    shrunk: int
+    result: RunResult | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("pass", "caught")
+
+
+def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int) -> Row:
+    machine = target.machine()
+    result: RunResult | None = None
+    start = time.perf_counter()
+    for s in seeds:
+        result = run_machine(machine, seed_value=s, examples=examples, steps=steps)
+        if not result.passed:
+            break
+    tally = tally_of(machine)
+    assert result is not None
+    if target.mutant is None:
+        verdict = "pass" if result.passed else "FAIL"
+    elif result.passed:
+        verdict = "SURVIVED"
+    else:
+        verdict = "caught" if result.first_id in target.mutant.kills else "WRONG-ID"
+    return Row(
+        target, tally.steps, tally.faults, tally.bad_inputs, verdict, result.first_id,
+        len(result.counterexample), None if result.passed else result, time.perf_counter() - start,
+    )
+
+
+def progress(out: TextIO, done: int, total: int, label: str) -> None:
+    width = 24
+    filled = width * done // total
+    out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<28}")
+    out.flush()
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ("target", "level", "steps", "faults", "bad inputs", "verdict", "first violated", "shrunk", "time")
+    body = [
+        (r.target.name, r.target.level, str(r.steps), str(r.faults), str(r.bad_inputs), r.verdict,
+         r.first_id or "-", str(r.shrunk) if r.result else "-", f"{r.seconds:.1f}s")
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+
+
+def show(rows: Sequence[Row]) -> str:
+    out = []
+    for r in rows:
+        if r.result is None or r.result.violation is None:
+            continue
+        out.append(f"\n{r.target.name}: {r.result.violation}")
+        out += [f"  {i}. {step.removeprefix('state.')}" for i, step in enumerate(r.result.counterexample, 1)]
+    return "\n".join(out)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    targets = all_targets()
+    if args.mutant:
+        names = {t.name for t in targets}
+        if args.mutant not in names:
+            print(f"kvoracle check: no mutant named {args.mutant!r}; known: {', '.join(sorted(names - {'reference'}))}",
+                  file=sys.stderr)
+            return 2
+        targets = [t for t in targets if t.name in ("reference", args.mutant)]
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    rows: list[Row] = []
+    for i, t in enumerate(targets):
+        progress(sys.stderr, i, len(targets), t.name)
+        rows.append(run_target(t, seeds, args.examples, args.steps))
+    progress(sys.stderr, len(targets), len(targets), "done")
+    sys.stderr.write("\n")
+    print(table(rows))
+    if args.show:
+        print(show(rows))
+    bad = [r for r in rows if not r.ok]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
+          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)))
+    return 0 if not bad else 1
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from oracle.mutants import CACHE_MUTANTS
+
+    for m in CACHE_MUTANTS:
+        print(f"{m.name:<22} class {m.bug_class:<3} {m.summary}\n{'':<22}           mutation: {m.mutation}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvoracle", description="Check KV-cache block lifecycles against the kvoracle specification.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check", help="run a checking campaign against the reference and its mutants",
+                       description="Runs the stateful machines against the reference (which must pass) and "
+                                   "every mutant (each must be caught). Exit status 0 only when all are as expected.")
+    c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference)")
+    c.add_argument("--seeds", type=int, default=2, help="number of seeds per target (default 2)")
+    c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    c.add_argument("--examples", type=int, default=150, help="programs per seed (default 150)")
+    c.add_argument("--steps", type=int, default=100, help="max steps per program (default 100)")
+    c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
+    c.set_defaults(func=cmd_check)
+    m = sub.add_parser("mutants", help="list the mutant catalogue")
+    m.set_defaults(func=cmd_mutants)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""What a campaign checks: the reference, and each mutant, each with its machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from oracle.cache_machine import CacheMachine, Tally
+from oracle.mutants import CACHE_MUTANTS, Mutant
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    level: str  # "cache" or "scheduler"
+    mutant: Mutant | None  # None: the reference, which must pass
+
+    def machine(self) -> type[RuleBasedStateMachine]:
+        """A fresh machine class (with its own tally) for this target."""
+        attrs: dict[str, object] = {"tally": Tally()}
+        if self.mutant is not None:
+            attrs["cache_class"] = self.mutant.cache_class
+        return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (CacheMachine,), attrs)
+
+
+def all_targets() -> list[Target]:
+    out = [Target("reference", "cache", None)]
+    out += [Target(m.name, "cache", m) for m in CACHE_MUTANTS]
+    return out
+
+
+def tally_of(machine: type[RuleBasedStateMachine]) -> Tally:
+    t = getattr(machine, "tally")
+    assert isinstance(t, Tally)
+    return t

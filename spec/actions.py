@@ -1,0 +1,427 @@
+"""The cache-layer actions: each a pure function state -> state with a precondition.
+
+Where the specification allows a choice (which free blocks, which evictable node,
+how many CPU or storage hits to take), the choice is an argument; the precondition
+says which choices are allowed. An implementation reports the choices it made, and
+refinement replays them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence, TypeVar
+
+from spec.state import (
+    CacheState,
+    Holding,
+    Node,
+    Prefetch,
+    StorageWrite,
+    SwapIn,
+    SwapOut,
+    Transfer,
+    cpu_evictable,
+    gpu_evictable,
+)
+from spec.types import (
+    BlockHash,
+    CpuBlock,
+    GpuBlock,
+    OnCpu,
+    OnGpu,
+    Outcome,
+    Partial,
+    RequestId,
+    SwappingIn,
+    Timeout,
+    SwappingOut,
+    TransferId,
+    gpu_block_of,
+    succeeded,
+)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class PreconditionError(Exception):
+    """An action was applied where its precondition does not hold."""
+
+    def __init__(self, action: str, reason: str) -> None:
+        super().__init__(f"{action}: {reason}")
+        self.action = action
+        self.reason = reason
+
+
+def _require(ok: bool, action: str, reason: str) -> None:
+    if not ok:
+        raise PreconditionError(action, reason)
+
+
+def _put(m: Mapping[K, V], k: K, v: V) -> dict[K, V]:
+    d = dict(m)
+    d[k] = v
+    return d
+
+
+def _without(m: Mapping[K, V], k: K) -> dict[K, V]:
+    d = dict(m)
+    del d[k]
+    return d
+
+
+def _bump(pins: Mapping[K, int], k: K, by: int) -> dict[K, int]:
+    d = dict(pins)
+    d[k] = d.get(k, 0) + by
+    if d[k] == 0:
+        del d[k]
+    return d
+
+
+def _take_free(free: tuple[K, ...], blocks: Sequence[K], action: str) -> tuple[K, ...]:
+    _require(len(set(blocks)) == len(blocks), action, f"blocks {list(blocks)} repeat")
+    rest = list(free)
+    for b in blocks:
+        _require(b in rest, action, f"block {b} is not free")
+        rest.remove(b)
+    return tuple(rest)
+
+
+def _give_free(free: tuple[K, ...], blocks: Sequence[K]) -> tuple[K, ...]:
+    return tuple(sorted([*free, *blocks]))  # type: ignore[type-var]
+
+
+def _adjust_ref(nodes: Mapping[BlockHash, Node], path: Sequence[BlockHash], by: int) -> dict[BlockHash, Node]:
+    d = dict(nodes)
+    for h in path:
+        d[h] = replace(d[h], refcount=d[h].refcount + by)
+    return d
+
+
+def _new_transfer(s: CacheState, t: Transfer) -> CacheState:
+    tid = TransferId(s.next_transfer)
+    return replace(s, transfers=_put(s.transfers, tid, t), next_transfer=s.next_transfer + 1)
+
+
+def table(s: CacheState, r: RequestId) -> tuple[GpuBlock, ...]:
+    """The request's block table: the GPU block of each path node, then its private blocks."""
+    held = s.requests[r]
+    listed = [gpu_block_of(s.nodes[h].tier) for h in held.path if h in s.nodes]
+    return tuple(g for g in listed if g is not None) + held.private
+
+
+# --- match ----------------------------------------------------------------------
+
+
+def gpu_hits(s: CacheState, hashes: Sequence[BlockHash]) -> int:
+    """Length of the longest prefix of `hashes` whose nodes are all OnGpu."""
+    parent: BlockHash | None = None
+    for i, h in enumerate(hashes):
+        n = s.nodes.get(h)
+        if n is None or n.parent != parent or not isinstance(n.tier, OnGpu):
+            return i
+        parent = h
+    return len(hashes)
+
+
+def match(
+    s: CacheState,
+    r: RequestId,
+    hashes: Sequence[BlockHash],
+    swap_dests: Sequence[GpuBlock] = (),
+    prefetch_dests: Sequence[GpuBlock] = (),
+) -> CacheState:
+    """Request r takes a reference on its GPU-resident prefix, then swaps in the next
+    len(swap_dests) nodes from CPU and prefetches the next len(prefetch_dests) blocks
+    from storage. A node in transit is never matched (the match stops there)."""
+    a = "match"
+    _require(r not in s.requests, a, f"request {r} already holds blocks")
+    gpu_free = _take_free(s.gpu_free, [*swap_dests, *prefetch_dests], a)
+    n_gpu = gpu_hits(s, hashes)
+    path = list(hashes[:n_gpu])
+    nodes = dict(s.nodes)
+    cpu_pins = dict(s.cpu_pins)
+    swaps: list[tuple[BlockHash, CpuBlock, GpuBlock]] = []
+    for g in swap_dests:
+        i = len(path)
+        _require(i < len(hashes), a, "more swap-in blocks than hashes")
+        h = hashes[i]
+        n = nodes.get(h)
+        _require(
+            n is not None and isinstance(n.tier, OnCpu) and n.parent == (path[-1] if path else None),
+            a,
+            f"block {i} (hash {h:#x}) is not a CPU hit",
+        )
+        assert n is not None and isinstance(n.tier, OnCpu)
+        nodes[h] = replace(n, tier=SwappingIn(n.tier.cpu, g))
+        cpu_pins = _bump(cpu_pins, n.tier.cpu, 1)
+        swaps.append((h, n.tier.cpu, g))
+        path.append(h)
+    fetches: list[tuple[BlockHash, GpuBlock]] = []
+    for g in prefetch_dests:
+        i = len(path) + len(fetches)
+        _require(i < len(hashes) and hashes[i] in s.stored, a, f"block {i} is not a storage hit")
+        fetches.append((hashes[i], g))
+    nodes = _adjust_ref(nodes, path, +1)
+    out = replace(
+        s,
+        gpu_free=gpu_free,
+        nodes=nodes,
+        cpu_pins=cpu_pins,
+        requests=_put(s.requests, r, Holding(tuple(path), tuple(prefetch_dests))),
+    )
+    if swaps:
+        out = _new_transfer(out, SwapIn(r, tuple(swaps)))
+    if fetches:
+        out = _new_transfer(out, Prefetch(r, tuple(fetches)))
+    return out
+
+
+# --- allocate, commit -------------------------------------------------------------
+
+
+def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock]) -> CacheState:
+    """Free blocks join the end of r's private blocks."""
+    a = "allocate"
+    _require(r in s.requests, a, f"unknown request {r}")
+    gpu_free = _take_free(s.gpu_free, blocks, a)
+    held = s.requests[r]
+    return replace(
+        s,
+        gpu_free=gpu_free,
+        requests=_put(s.requests, r, Holding(held.path, held.private + tuple(blocks))),
+    )
+
+
+def _ready(s: CacheState, r: RequestId) -> bool:
+    """No part of r's table is still being filled."""
+    held = s.requests[r]
+    if any(not isinstance(s.nodes[h].tier, OnGpu) for h in held.path):
+        return False
+    dests = {g for t in s.transfers.values() if isinstance(t, Prefetch) and t.request == r for _, g in t.items}
+    return not dests.intersection(held.private)
+
+
+def commit(s: CacheState, r: RequestId, hashes: Sequence[BlockHash]) -> CacheState:
+    """r's full blocks named by `hashes` become tree nodes, in order, up to the first
+    whose hash is already in the tree: that block and every later one stay private."""
+    a = "commit"
+    _require(r in s.requests, a, f"unknown request {r}")
+    held = s.requests[r]
+    _require(tuple(hashes[: len(held.path)]) == held.path, a, "hashes disagree with the matched path")
+    _require(len(hashes) <= len(held.path) + len(held.private), a, "more hashes than blocks")
+    _require(_ready(s, r), a, f"request {r} still has blocks in flight")
+    path, private, nodes = list(held.path), list(held.private), dict(s.nodes)
+    for h in hashes[len(held.path) :]:
+        if h in nodes:
+            break
+        nodes[h] = Node(path[-1] if path else None, OnGpu(private.pop(0)), refcount=1)
+        path.append(h)
+    return replace(s, nodes=nodes, requests=_put(s.requests, r, Holding(tuple(path), tuple(private))))
+
+
+# --- release (with an optional storage write first) -------------------------------
+
+
+def release(
+    s: CacheState, r: RequestId, writes: Sequence[tuple[BlockHash, GpuBlock]] = ()
+) -> CacheState:
+    """Start a storage write of `writes` (blocks of r's table, pinned until it ends),
+    then release r whatever the write will do: refcounts on its path go down, its
+    private blocks become free, except those a transfer still needs, which that
+    transfer adopts and frees when it completes."""
+    a = "release"
+    _require(r in s.requests, a, f"unknown request {r}")
+    listed = table(s, r)
+    _require(all(g in listed for _, g in writes), a, "a written block is not in the request's table")
+    _require(_ready(s, r) or not writes, a, "cannot write blocks still being filled")
+    held = s.requests[r]
+    gpu_pins = dict(s.gpu_pins)
+    for _, g in writes:
+        gpu_pins = _bump(gpu_pins, g, 1)
+    out = replace(s, gpu_pins=gpu_pins)
+    write_id = TransferId(s.next_transfer)
+    if writes:
+        out = _new_transfer(out, StorageWrite(tuple(writes)))
+    transfers = dict(out.transfers)
+    fetching: set[GpuBlock] = set()
+    for tid, t in out.transfers.items():
+        if isinstance(t, SwapIn | Prefetch) and t.request == r:
+            transfers[tid] = replace(t, request=None)
+            if isinstance(t, Prefetch):
+                fetching.update(g for _, g in t.items)
+    freed: list[GpuBlock] = []
+    for g in held.private:
+        if g in fetching:
+            continue  # the prefetch already owns it and frees it when it ends
+        if gpu_pins.get(g, 0):
+            w = transfers.get(write_id)
+            _require(isinstance(w, StorageWrite), a, f"private block {g} is pinned by no write")
+            assert isinstance(w, StorageWrite)
+            transfers[write_id] = replace(w, adopted=w.adopted + (g,))
+        else:
+            freed.append(g)
+    return replace(
+        out,
+        nodes=_adjust_ref(s.nodes, held.path, -1),
+        requests=_without(s.requests, r),
+        transfers=transfers,
+        gpu_free=_give_free(s.gpu_free, freed),
+    )
+
+
+# --- eviction -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvictCpu:
+    node: BlockHash
+
+
+@dataclass(frozen=True)
+class SwapOutTo:
+    node: BlockHash
+    cpu: CpuBlock
+
+
+@dataclass(frozen=True)
+class Drop:
+    node: BlockHash
+
+
+EvictStep = EvictCpu | SwapOutTo | Drop
+
+
+def _cpu_has_room(s: CacheState) -> bool:
+    return bool(s.cpu_free) or any(cpu_evictable(s, h) for h in s.nodes)
+
+
+def evict(s: CacheState, steps: Sequence[EvictStep]) -> CacheState:
+    """Apply eviction steps in order. A GPU-evictable node is swapped out to a free CPU
+    block while the CPU tier has room (free, or made free by evicting CPU leaves) and
+    dropped only when it has none. All swaps of one call form one transfer."""
+    a = "evict"
+    swaps: list[tuple[BlockHash, GpuBlock, CpuBlock]] = []
+    for step in steps:
+        h = step.node
+        _require(h in s.nodes, a, f"unknown node {h:#x}")
+        tier = s.nodes[h].tier
+        if isinstance(step, EvictCpu):
+            _require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
+            assert isinstance(tier, OnCpu)
+            s = replace(s, nodes=_without(s.nodes, h), cpu_free=_give_free(s.cpu_free, [tier.cpu]))
+            continue
+        _require(gpu_evictable(s, h), a, f"node {h:#x} is not evictable on GPU")
+        assert isinstance(tier, OnGpu)
+        if isinstance(step, Drop):
+            _require(not _cpu_has_room(s), a, f"node {h:#x} dropped while the CPU tier has room")
+            s = replace(s, nodes=_without(s.nodes, h), gpu_free=_give_free(s.gpu_free, [tier.gpu]))
+            continue
+        n = s.nodes[h]
+        s = replace(
+            s,
+            cpu_free=_take_free(s.cpu_free, [step.cpu], a),
+            nodes=_put(s.nodes, h, replace(n, tier=SwappingOut(tier.gpu, step.cpu))),
+            gpu_pins=_bump(s.gpu_pins, tier.gpu, 1),
+        )
+        swaps.append((h, tier.gpu, step.cpu))
+    return _new_transfer(s, SwapOut(tuple(swaps))) if swaps else s
+
+
+# --- completion -------------------------------------------------------------------
+
+
+def complete(s: CacheState, t: TransferId, outcome: Outcome) -> CacheState:
+    """Transfer t ends with `outcome`. Every outcome unpins what t read and leaves each
+    of its nodes in a consistent tier: the done items move, the failed ones stay put."""
+    a = "complete"
+    _require(t in s.transfers, a, f"unknown transfer {t}")
+    tr = s.transfers[t]
+    if isinstance(outcome, Partial):
+        _require(0 <= outcome.done <= len(tr.items), a, f"partial({outcome.done}) of {len(tr.items)} items")
+    done = succeeded(outcome, len(tr.items))
+    s = replace(s, transfers=_without(s.transfers, t))
+    if isinstance(tr, SwapOut):
+        return _complete_swap_out(s, tr, done)
+    if isinstance(tr, SwapIn):
+        return _complete_swap_in(s, tr, done)
+    if isinstance(tr, StorageWrite):
+        pins = dict(s.gpu_pins)
+        for _, g in tr.items:
+            pins = _bump(pins, g, -1)
+        return replace(
+            s,
+            gpu_pins=pins,
+            stored=s.stored | {h for h, _ in tr.items[:done]},
+            gpu_free=_give_free(s.gpu_free, tr.adopted),
+        )
+    if tr.request is None:
+        return replace(s, gpu_free=_give_free(s.gpu_free, [g for _, g in tr.items]))
+    return s  # prefetched blocks stay private to the request, filled or not
+
+
+def _complete_swap_out(s: CacheState, tr: SwapOut, done: int) -> CacheState:
+    nodes, pins = dict(s.nodes), dict(s.gpu_pins)
+    gpu_back: list[GpuBlock] = []
+    cpu_back: list[CpuBlock] = []
+    for i, (h, g, c) in enumerate(tr.items):
+        pins = _bump(pins, g, -1)
+        if i < done:
+            nodes[h] = replace(nodes[h], tier=OnCpu(c))
+            gpu_back.append(g)
+        else:
+            nodes[h] = replace(nodes[h], tier=OnGpu(g))
+            cpu_back.append(c)
+    return replace(
+        s,
+        nodes=nodes,
+        gpu_pins=pins,
+        gpu_free=_give_free(s.gpu_free, gpu_back),
+        cpu_free=_give_free(s.cpu_free, cpu_back),
+    )
+
+
+def _complete_swap_in(s: CacheState, tr: SwapIn, done: int) -> CacheState:
+    nodes, pins = dict(s.nodes), dict(s.cpu_pins)
+    cpu_back: list[CpuBlock] = []
+    failed_gpu: list[GpuBlock] = []
+    for i, (h, c, g) in enumerate(tr.items):
+        pins = _bump(pins, c, -1)
+        if i < done:
+            nodes[h] = replace(nodes[h], tier=OnGpu(g))
+            cpu_back.append(c)
+        else:
+            nodes[h] = replace(nodes[h], tier=OnCpu(c))
+            failed_gpu.append(g)
+    s = replace(s, nodes=nodes, cpu_pins=pins, cpu_free=_give_free(s.cpu_free, cpu_back))
+    if not failed_gpu:
+        return s
+    if tr.request is None:
+        return replace(s, gpu_free=_give_free(s.gpu_free, failed_gpu))
+    # The request keeps its table length: the failed blocks become private, to be
+    # recomputed, and the path is cut before the first node that did not arrive.
+    held = s.requests[tr.request]
+    cut = len(held.path) - (len(tr.items) - done)
+    return replace(
+        s,
+        nodes=_adjust_ref(s.nodes, held.path[cut:], -1),
+        requests=_put(s.requests, tr.request, Holding(held.path[:cut], tuple(failed_gpu) + held.private)),
+    )
+
+
+# --- reset ----------------------------------------------------------------------
+
+
+def reset(s: CacheState) -> CacheState:
+    """From quiescence (no live request): every transfer ends as a timeout, then the
+    tree is emptied and every block is free. What storage holds survives."""
+    a = "reset"
+    _require(not s.requests, a, f"requests {sorted(s.requests)} are live")
+    for t in sorted(s.transfers):
+        s = complete(s, t, Timeout())
+    return replace(
+        s,
+        nodes={},
+        gpu_free=tuple(GpuBlock(g) for g in range(s.gpu_size)),
+        cpu_free=tuple(CpuBlock(c) for c in range(s.cpu_size)),
+    )

@@ -1,0 +1,5 @@
+"""The reference cache survives the cache-level stateful machine."""
+
+from oracle.cache_machine import CacheMachine
+
+TestReferenceCache = CacheMachine.TestCase

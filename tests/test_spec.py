@@ -1,0 +1,420 @@
+"""Unit tests of the pure model in spec/: hashing, actions, preconditions, invariants."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from spec import actions
+from spec.actions import Drop, EvictCpu, PreconditionError, SwapOutTo
+from spec.hashing import block_hash, block_hashes
+from spec.invariants import (
+    Violation,
+    check,
+    inv_conserve,
+    inv_counters,
+    inv_heap_complete,
+    inv_heap_sound,
+    inv_no_uaf,
+    inv_pin,
+    inv_refcount,
+    inv_tier,
+    inv_tree,
+)
+from spec.state import (
+    CacheState,
+    Holding,
+    Observed,
+    StorageWrite,
+    SwapOut,
+    cpu_evictable,
+    gpu_evictable,
+    initial,
+    true_counters,
+)
+from spec.types import (
+    BlockHash,
+    CpuBlock,
+    Error,
+    GpuBlock,
+    Ok,
+    OnCpu,
+    OnGpu,
+    Outcome,
+    Partial,
+    RequestId,
+    SwappingOut,
+    Timeout,
+    TransferId,
+)
+
+G, C = GpuBlock, CpuBlock
+R0, R1, R2 = RequestId(0), RequestId(1), RequestId(2)
+T0 = TransferId(0)
+HS = block_hashes([1, 2, 3, 4, 5, 6], 2)  # three chained full blocks
+OTHER = block_hashes([7, 8], 2)[0]  # a root block unrelated to HS
+
+
+def observed(s: CacheState) -> Observed:
+    """What a correct implementation would report for `s`."""
+    return Observed(
+        gpu_findable=frozenset(h for h in s.nodes if gpu_evictable(s, h)),
+        cpu_findable=frozenset(h for h in s.nodes if cpu_evictable(s, h)),
+        counters=true_counters(s),
+    )
+
+
+def ids(found: list[Violation]) -> set[str]:
+    return {v.id for v in found}
+
+
+def cached(gpu: int = 4, cpu: int = 2, n: int = 2) -> CacheState:
+    """R0 computed HS[:n] into G0.., committed them and left: n GPU nodes at refcount 0."""
+    s = actions.match(initial(gpu, cpu), R0, HS[:n])
+    s = actions.allocate(s, R0, [G(i) for i in range(n)])
+    s = actions.commit(s, R0, HS[:n])
+    return actions.release(s, R0)
+
+
+def busy() -> CacheState:
+    """R1 holds HS[:2] and private G2; R2 left with a storage write of its private G3 in flight."""
+    s = actions.match(cached(gpu=6), R1, HS[:2])
+    s = actions.allocate(s, R1, [G(2)])
+    s = actions.match(s, R2, [])
+    s = actions.allocate(s, R2, [G(3)])
+    return actions.release(s, R2, [(HS[2], G(3))])
+
+
+def two_leaves() -> CacheState:
+    """Two unrelated evictable root nodes: HS[0] on G0 and OTHER on G1."""
+    s = initial(4, 2)
+    for r, h, g in ((R0, HS[0], G(0)), (R1, OTHER, G(1))):
+        s = actions.match(s, r, [])
+        s = actions.allocate(s, r, [g])
+        s = actions.commit(s, r, [h])
+        s = actions.release(s, r)
+    return s
+
+
+# --- hashing ---------------------------------------------------------------------
+
+
+def test_partial_trailing_block_gets_no_hash() -> None:
+    assert len(block_hashes([1, 2, 3, 4, 5], 2)) == 2
+    assert block_hashes([1, 2, 3, 4, 5], 2) == block_hashes([1, 2, 3, 4], 2)
+    assert block_hashes([1], 2) == ()
+
+
+def test_same_block_after_different_prefixes_gets_different_hashes() -> None:
+    after_12 = block_hashes([1, 2, 3, 4], 2)
+    after_99 = block_hashes([9, 9, 3, 4], 2)
+    assert after_12[1] != after_99[1]
+    assert after_12[1] == block_hash(after_12[0], [3, 4])
+
+
+def test_hashes_are_the_same_in_another_process() -> None:
+    code = "from spec.hashing import block_hashes; print(list(block_hashes([1, 2, 3, 4], 2, [5])))"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(list(block_hashes((1, 2, 3, 4), 2, (5,))))
+
+
+def test_extra_keys_change_every_hash() -> None:
+    plain = block_hashes([1, 2, 3, 4], 2)
+    keyed = block_hashes([1, 2, 3, 4], 2, extra=[7])
+    assert all(a != b for a, b in zip(plain, keyed, strict=True))
+    assert keyed != block_hashes([1, 2, 3, 4], 2, extra=[8])
+
+
+# --- initial state and match ---------------------------------------------------------
+
+
+def test_initial_state_satisfies_every_invariant() -> None:
+    s = initial(4, 2)
+    assert len(s.gpu_free) == 4 and len(s.cpu_free) == 2
+    assert check(s, observed(s)) == []
+
+
+def test_match_on_empty_tree_takes_no_hits() -> None:
+    s = actions.match(initial(4, 2), R0, HS)
+    assert s.requests[R0] == Holding((), ())
+    assert s.transfers == {} and len(s.gpu_free) == 4
+    assert check(s, observed(s)) == []
+
+
+def test_second_match_after_release_takes_gpu_hits_and_refcounts() -> None:
+    s = actions.match(initial(4, 2), R0, HS[:2])
+    steps: list[Callable[[CacheState], CacheState]] = [
+        lambda s: actions.allocate(s, R0, [G(0), G(1)]),
+        lambda s: actions.commit(s, R0, HS[:2]),
+        lambda s: actions.release(s, R0),
+        lambda s: actions.match(s, R1, HS[:2]),
+    ]
+    for step in steps:
+        s = step(s)
+        assert check(s, observed(s)) == []
+    assert s.requests[R1] == Holding(HS[:2], ())
+    assert [s.nodes[h].refcount for h in HS[:2]] == [1, 1]
+    assert actions.table(s, R1) == (G(0), G(1))
+    assert s.gpu_free == (G(2), G(3))
+
+
+# --- commit ------------------------------------------------------------------------------
+
+
+def test_commit_stops_at_first_hash_already_in_tree() -> None:
+    s = actions.match(cached(n=1), R1, [])  # R1 matched nothing: HS[0] is cached, yet R1 recomputed it
+    s = actions.allocate(s, R1, [G(1), G(2)])
+    s = actions.commit(s, R1, HS[:2])
+    assert s.requests[R1] == Holding((), (G(1), G(2)))
+    assert set(s.nodes) == {HS[0]}
+    assert check(s, observed(s)) == []
+
+
+def test_commit_makes_nodes_in_order_chained_to_the_path() -> None:
+    s = actions.match(initial(4, 2), R0, [])
+    s = actions.allocate(s, R0, [G(2), G(0), G(1)])
+    s = actions.commit(s, R0, HS[:2])
+    assert s.requests[R0] == Holding(HS[:2], (G(1),))
+    assert s.nodes[HS[0]].tier == OnGpu(G(2)) and s.nodes[HS[0]].parent is None
+    assert s.nodes[HS[1]].tier == OnGpu(G(0)) and s.nodes[HS[1]].parent == HS[0]
+
+
+# --- preconditions -----------------------------------------------------------------------
+
+PRECONDITIONS: list[tuple[str, str, Callable[[], CacheState]]] = [
+    ("unknown request: allocate", "allocate", lambda: actions.allocate(initial(2, 0), R0, [G(0)])),
+    ("unknown request: commit", "commit", lambda: actions.commit(initial(2, 0), R0, [])),
+    ("unknown request: release", "release", lambda: actions.release(initial(2, 0), R0)),
+    ("hashes disagree with path", "commit", lambda: actions.commit(actions.match(cached(), R1, HS[:2]), R1, [HS[1], HS[0]])),
+    ("hashes shorter than path", "commit", lambda: actions.commit(actions.match(cached(), R1, HS[:2]), R1, HS[:1])),
+    ("allocate a node's block", "allocate", lambda: actions.allocate(actions.match(cached(), R1, []), R1, [G(0)])),
+    ("allocate a block twice", "allocate", lambda: actions.allocate(actions.match(cached(), R1, []), R1, [G(2), G(2)])),
+    ("evict a held node", "evict", lambda: actions.evict(actions.match(cached(), R1, HS[:2]), [SwapOutTo(HS[1], C(0))])),
+    ("evict a node with a GPU child", "evict", lambda: actions.evict(cached(), [SwapOutTo(HS[0], C(0))])),
+    ("evict-cpu a GPU node", "evict", lambda: actions.evict(cached(), [EvictCpu(HS[1])])),
+    ("drop while CPU is free", "evict", lambda: actions.evict(cached(cpu=2), [Drop(HS[1])])),
+    ("reset with live request", "reset", lambda: actions.reset(actions.match(initial(2, 0), R0, []))),
+    ("complete unknown transfer", "complete", lambda: actions.complete(initial(2, 0), T0, Ok())),
+]
+
+
+@pytest.mark.parametrize(("action", "call"), [p[1:] for p in PRECONDITIONS], ids=[p[0] for p in PRECONDITIONS])
+def test_precondition_violation_raises(action: str, call: Callable[[], CacheState]) -> None:
+    with pytest.raises(PreconditionError) as e:
+        call()
+    assert e.value.action == action
+
+
+def test_drop_is_allowed_once_cpu_tier_has_no_room() -> None:
+    s = actions.evict(cached(cpu=0), [Drop(HS[1])])
+    assert HS[1] not in s.nodes and G(1) in s.gpu_free
+    assert check(s, observed(s)) == []
+
+
+# --- eviction and completion ---------------------------------------------------------------
+
+
+def swapped_out() -> CacheState:
+    s = actions.evict(cached(), [SwapOutTo(HS[1], C(0))])
+    assert s.nodes[HS[1]].tier == SwappingOut(G(1), C(0))
+    assert s.transfers == {T0: SwapOut(((HS[1], G(1), C(0)),))} and s.gpu_pins == {G(1): 1}
+    assert check(s, observed(s)) == []
+    return s
+
+
+def test_swap_out_ok_moves_node_to_cpu_and_frees_gpu_block() -> None:
+    s = actions.complete(swapped_out(), T0, Ok())
+    assert s.nodes[HS[1]].tier == OnCpu(C(0))
+    assert G(1) in s.gpu_free and C(0) not in s.cpu_free
+    assert s.gpu_pins == {} and s.transfers == {}
+    assert check(s, observed(s)) == []
+
+
+def test_swap_out_error_keeps_node_on_gpu_and_frees_cpu_block() -> None:
+    s = actions.complete(swapped_out(), T0, Error())
+    assert s.nodes[HS[1]].tier == OnGpu(G(1))
+    assert G(1) not in s.gpu_free and C(0) in s.cpu_free
+    assert s.gpu_pins == {}
+    assert check(s, observed(s)) == []
+
+
+def test_partial_swap_out_moves_only_the_leading_items() -> None:
+    s = actions.evict(two_leaves(), [SwapOutTo(HS[0], C(0)), SwapOutTo(OTHER, C(1))])
+    assert len(s.transfers) == 1
+    s = actions.complete(s, T0, Partial(1))
+    assert s.nodes[HS[0]].tier == OnCpu(C(0)) and s.nodes[OTHER].tier == OnGpu(G(1))
+    assert G(0) in s.gpu_free and G(1) not in s.gpu_free
+    assert C(0) not in s.cpu_free and C(1) in s.cpu_free
+    assert check(s, observed(s)) == []
+
+
+def test_partial_beyond_item_count_is_rejected() -> None:
+    with pytest.raises(PreconditionError):
+        actions.complete(swapped_out(), T0, Partial(2))
+
+
+# --- release with a storage write ------------------------------------------------------------
+
+
+def released_with_write() -> CacheState:
+    """R0 committed HS[0] on G0 and holds private G1; it leaves writing both blocks."""
+    s = actions.match(initial(4, 0), R0, [])
+    s = actions.allocate(s, R0, [G(0), G(1)])
+    s = actions.commit(s, R0, HS[:1])
+    return actions.release(s, R0, [(HS[0], G(0)), (HS[1], G(1))])
+
+
+def test_release_with_write_adopts_private_blocks_until_complete() -> None:
+    s = released_with_write()
+    assert s.transfers == {T0: StorageWrite(((HS[0], G(0)), (HS[1], G(1))), adopted=(G(1),))}
+    assert G(1) not in s.gpu_free and s.gpu_pins == {G(0): 1, G(1): 1}
+    assert s.requests == {} and s.nodes[HS[0]].refcount == 0
+    assert not gpu_evictable(s, HS[0])  # pinned by the write
+    assert check(s, observed(s)) == []
+
+
+@pytest.mark.parametrize(
+    ("outcome", "stored"),
+    [(Ok(), {HS[0], HS[1]}), (Partial(1), {HS[0]}), (Partial(0), set()), (Error(), set()), (Timeout(), set())],
+    ids=str,
+)
+def test_write_completion_frees_adopted_blocks_and_stores_done_hashes(outcome: Outcome, stored: set[BlockHash]) -> None:
+    s = actions.complete(released_with_write(), T0, outcome)
+    assert s.stored == stored
+    assert G(1) in s.gpu_free and s.gpu_pins == {} and s.transfers == {}
+    assert gpu_evictable(s, HS[0])
+    assert check(s, observed(s)) == []
+
+
+# --- each invariant detects a hand-broken state -------------------------------------------
+
+
+def test_busy_state_is_valid() -> None:
+    s = busy()
+    assert check(s, observed(s)) == []
+    assert s.gpu_pins == {G(3): 1} and s.gpu_free == (G(4), G(5))
+
+
+def test_inv_conserve_detects_block_both_free_and_owned_by_node() -> None:
+    s = busy()
+    broken = replace(s, gpu_free=tuple(sorted((*s.gpu_free, G(0)))))
+    assert inv_conserve(s) == []
+    assert ids(inv_conserve(broken)) == {"INV-CONSERVE"}
+
+
+def test_inv_conserve_detects_block_owned_by_nobody() -> None:
+    s = busy()
+    assert ids(inv_conserve(replace(s, gpu_free=s.gpu_free[1:]))) == {"INV-CONSERVE"}
+
+
+def test_inv_refcount_detects_refcount_off_by_one() -> None:
+    s = busy()
+    broken = replace(s, nodes={**s.nodes, HS[0]: replace(s.nodes[HS[0]], refcount=2)})
+    assert inv_refcount(s) == []
+    assert ids(inv_refcount(broken)) == {"INV-REFCOUNT"}
+
+
+def test_inv_tree_detects_missing_parent() -> None:
+    s = busy()
+    broken = replace(s, nodes={**s.nodes, HS[1]: replace(s.nodes[HS[1]], parent=OTHER)})
+    assert inv_tree(s) == []
+    found = inv_tree(broken)
+    assert ids(found) == {"INV-TREE"} and any("missing parent" in v.message for v in found)
+
+
+def test_inv_tree_detects_gpu_node_under_cpu_parent() -> None:
+    s = cached()
+    broken = replace(s, nodes={**s.nodes, HS[0]: replace(s.nodes[HS[0]], tier=OnCpu(C(0)))}, cpu_free=(C(1),))
+    assert inv_tree(s) == []
+    assert ids(inv_tree(broken)) == {"INV-TREE"}
+
+
+def test_inv_tier_detects_out_of_range_id() -> None:
+    s = busy()
+    broken = replace(s, nodes={**s.nodes, HS[0]: replace(s.nodes[HS[0]], tier=OnGpu(G(6)))}, gpu_free=(G(0), G(4), G(5)))
+    assert inv_tier(s) == []
+    assert ids(inv_tier(broken)) == {"INV-TIER"}
+    assert inv_conserve(broken) == []  # every in-range block still has one owner: only INV-TIER sees it
+
+
+def test_inv_tier_detects_gpu_id_in_cpu_free_list() -> None:
+    s = busy()
+    assert ids(inv_tier(replace(s, cpu_free=(*s.cpu_free, C(5))))) == {"INV-TIER"}
+
+
+def test_inv_no_uaf_detects_request_listing_free_block() -> None:
+    s = busy()
+    broken = replace(s, requests={**s.requests, R1: Holding(HS[:2], (G(2), G(4)))})
+    assert inv_no_uaf(s) == []
+    assert ids(inv_no_uaf(broken)) == {"INV-NO-UAF"}
+
+
+def test_inv_no_uaf_detects_request_listing_another_requests_block() -> None:
+    s = busy()
+    broken = replace(s, requests={**s.requests, R0: Holding((), (G(2),))})
+    assert ids(inv_no_uaf(broken)) == {"INV-NO-UAF"}
+
+
+@pytest.mark.parametrize(
+    "pins",
+    [{}, {GpuBlock(3): 2}, {GpuBlock(3): 1, GpuBlock(0): 1}],
+    ids=["write-unpinned", "pinned-twice", "pinned-without-transfer"],
+)
+def test_inv_pin_detects_pins_not_matching_transfers(pins: dict[GpuBlock, int]) -> None:
+    s = busy()
+    assert inv_pin(s) == []
+    assert ids(inv_pin(replace(s, gpu_pins=pins))) == {"INV-PIN"}
+
+
+def test_inv_pin_detects_free_block_read_by_transfer() -> None:
+    s = replace(swapped_out(), gpu_free=(G(1), G(2), G(3)))
+    assert any("free while a transfer reads it" in v.message for v in inv_pin(s))
+
+
+def test_inv_heap_complete_detects_unfindable_evictable_node() -> None:
+    s = cached()
+    o = observed(s)
+    assert o.gpu_findable == {HS[1]}
+    assert inv_heap_complete(s, o) == []
+    assert ids(inv_heap_complete(s, replace(o, gpu_findable=frozenset()))) == {"INV-HEAP-COMPLETE"}
+
+
+def test_inv_heap_complete_detects_unfindable_cpu_leaf() -> None:
+    s = actions.complete(swapped_out(), T0, Ok())
+    o = observed(s)
+    assert o.cpu_findable == {HS[1]}
+    assert ids(inv_heap_complete(s, replace(o, cpu_findable=frozenset()))) == {"INV-HEAP-COMPLETE"}
+
+
+def test_inv_heap_sound_detects_dead_node() -> None:
+    s = cached()
+    o = observed(s)
+    assert inv_heap_sound(s, o) == []
+    assert ids(inv_heap_sound(s, replace(o, gpu_findable=o.gpu_findable | {OTHER}))) == {"INV-HEAP-SOUND"}
+    assert ids(inv_heap_sound(s, replace(o, cpu_findable=frozenset({OTHER})))) == {"INV-HEAP-SOUND"}
+
+
+@pytest.mark.parametrize("name", ["gpu_free", "cpu_free", "gpu_evictable", "cpu_evictable", "gpu_in_use"])
+def test_inv_counters_detects_each_wrong_counter(name: str) -> None:
+    s = cached()
+    o = observed(s)
+    wrong = replace(o, counters=replace(o.counters, **{name: getattr(o.counters, name) + 1}))
+    assert inv_counters(s, o) == []
+    found = inv_counters(s, wrong)
+    assert ids(found) == {"INV-COUNTERS"} and len(found) == 1 and name in found[0].message
+
+
+def test_check_runs_observed_invariants_only_when_given_observed() -> None:
+    s = cached()
+    broken = replace(s, gpu_free=(*s.gpu_free, G(0)))
+    o = replace(observed(s), gpu_findable=frozenset())
+    assert ids(check(broken)) == {"INV-CONSERVE"}
+    assert ids(check(broken, o)) == {"INV-CONSERVE", "INV-HEAP-COMPLETE", "INV-COUNTERS"}

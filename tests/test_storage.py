@@ -1,0 +1,329 @@
+"""The storage tier's backends and the fault injector that wraps them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from kvcache.faults import (
+    Answer,
+    Fault,
+    FaultKind,
+    FaultyStorage,
+    NoFaults,
+    Reply,
+    ScriptedFaults,
+    SeededFaults,
+)
+from kvcache.storage import DirectoryStorage, MemoryStorage, StorageBackend, StorageError
+from spec.types import BlockHash, Error, Ok, Partial
+
+H = [BlockHash(0x1234_5678_9ABC_DEF0 + i) for i in range(4)]
+DATA = [bytes([i]) * (16 + i) for i in range(4)]
+BLOCKS = list(zip(H, DATA))
+
+
+@pytest.fixture(params=["memory", "directory"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> StorageBackend:
+    return MemoryStorage() if request.param == "memory" else DirectoryStorage(tmp_path / "blocks")
+
+
+def block_file(root: Path, h: BlockHash) -> Path:
+    return root / f"{h:016x}"
+
+
+# --- backends ----------------------------------------------------------------------
+
+
+def test_round_trip(backend: StorageBackend) -> None:
+    assert backend.write(BLOCKS) == 4
+    assert backend.read(H) == DATA
+    assert backend.exists(H) == 4
+    assert backend.write([(H[0], b"new")]) == 1  # overwrite
+    assert backend.read(H[:1]) == [b"new"]
+    assert backend.write([]) == 0 and backend.read([]) == [] and backend.exists([]) == 0
+
+
+def test_empty_payload_round_trips(backend: StorageBackend) -> None:
+    assert backend.write([(H[0], b"")]) == 1
+    assert backend.read(H[:1]) == [b""]
+
+
+def test_read_and_exists_stop_at_first_missing(backend: StorageBackend) -> None:
+    backend.write([BLOCKS[0], BLOCKS[1], BLOCKS[3]])
+    assert backend.exists(H) == 2
+    assert backend.read(H) == DATA[:2]
+    assert backend.exists([H[2], H[3]]) == 0
+    assert backend.read([H[3], H[0]]) == [DATA[3], DATA[0]]
+
+
+def test_clear(backend: StorageBackend) -> None:
+    backend.write(BLOCKS)
+    backend.clear()
+    assert backend.exists(H) == 0 and backend.read(H) == []
+
+
+def test_len_and_contains(tmp_path: Path) -> None:
+    for s in (MemoryStorage(), DirectoryStorage(tmp_path)):
+        s.write(BLOCKS[:2])
+        assert len(s) == 2
+        assert H[1] in s and H[2] not in s
+
+
+def test_directory_creates_root_and_names_files(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b"
+    s = DirectoryStorage(root)
+    s.write([(BlockHash(0xAB), b"x")])
+    assert sorted(p.name for p in root.iterdir()) == ["00000000000000ab"]
+    assert DirectoryStorage(root).read([BlockHash(0xAB)]) == [b"x"]  # survives a reopen
+
+
+def test_directory_leaves_no_temp_files(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    s.write(BLOCKS)
+    s.write(BLOCKS[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{h:016x}" for h in H)
+
+
+def test_directory_truncated_file_reads_as_absent(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    s.write(BLOCKS)
+    for cut in (3, 10, -1):  # inside the header, and one byte short of the payload
+        f = block_file(tmp_path, H[1])
+        s.write([BLOCKS[1]])
+        f.write_bytes(f.read_bytes()[:cut])
+        assert s.read(H) == DATA[:1]
+        assert s.exists(H) == 1
+        assert H[1] not in s and len(s) == 3
+
+
+def test_directory_corrupt_byte_reads_as_absent(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    s.write(BLOCKS)
+    f = block_file(tmp_path, H[2])
+    blob = bytearray(f.read_bytes())
+    for i in range(len(blob)):  # every byte: magic, length, checksum and payload
+        bad = blob.copy()
+        bad[i] ^= 0x01
+        f.write_bytes(bytes(bad))
+        assert s.read(H) == DATA[:2], i
+        assert s.exists(H) == 2
+    f.write_bytes(bytes(blob) + b"!")  # trailing garbage
+    assert s.exists(H) == 2
+
+
+def test_directory_failed_write_is_short_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    block_file(tmp_path, H[2]).mkdir()  # os.replace onto a directory fails, like a full disk would
+    assert s.write(BLOCKS) == 2
+    assert s.read(H) == DATA[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{h:016x}" for h in H[:3])
+
+
+def test_directory_file_under_another_name_reads_as_absent(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    s.write(BLOCKS[:1])
+    block_file(tmp_path, H[0]).rename(block_file(tmp_path, H[1]))
+    assert s.read([H[1]]) == []
+
+
+def test_directory_clear_keeps_other_files(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    s.write(BLOCKS)
+    (tmp_path / "README").write_text("not a block")
+    s.clear()
+    assert len(s) == 0 and [p.name for p in tmp_path.iterdir()] == ["README"]
+
+
+def test_directory_rejects_hash_outside_64_bits(tmp_path: Path) -> None:
+    s = DirectoryStorage(tmp_path)
+    with pytest.raises(ValueError):
+        s.write([BLOCKS[0], (BlockHash(1 << 64), b"x")])
+    assert s.exists(H) == 0  # refused before anything was written
+    with pytest.raises(ValueError):
+        s.read([BlockHash(-1)])
+
+
+# --- fault plans ---------------------------------------------------------------------
+
+
+def draw(plan: SeededFaults, n: int = 200) -> list[Fault]:
+    return [plan.next_fault("write" if i % 2 else "read", i % 5) for i in range(n)]
+
+
+def test_seeded_faults_replay() -> None:
+    assert draw(SeededFaults(7, 0.5)) == draw(SeededFaults(7, 0.5))
+    assert draw(SeededFaults(7, 0.5)) != draw(SeededFaults(8, 0.5))
+
+
+def test_seeded_faults_rate_bounds() -> None:
+    assert all(f.kind is FaultKind.OK for f in draw(SeededFaults(1, 0.0)))
+    faults = draw(SeededFaults(1, 1.0, max_delay=3))
+    # Always a fault, except PARTIAL on an empty batch, which cannot be partial.
+    assert all(f.kind is not FaultKind.OK for i, f in enumerate(faults) if i % 5)
+    assert {f.kind for f in faults} >= set(FaultKind) - {FaultKind.OK}
+    for i, f in enumerate(faults):
+        if f.kind is FaultKind.PARTIAL:
+            assert 0 <= f.done < i % 5
+        if f.kind in (FaultKind.LATE, FaultKind.TWICE):
+            assert 1 <= f.delay <= 3
+
+
+def test_seeded_faults_restricted_kinds() -> None:
+    faults = draw(SeededFaults(3, 1.0, kinds=[FaultKind.HANG]))
+    assert {f.kind for f in faults} == {FaultKind.HANG}
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, math.nan])
+def test_seeded_faults_bad_rate(rate: float) -> None:
+    with pytest.raises(ValueError, match="rate"):
+        SeededFaults(0, rate)
+
+
+def test_scripted_faults_and_no_faults() -> None:
+    plan = ScriptedFaults([Fault(FaultKind.HANG), Fault(FaultKind.LATE, delay=2)])
+    plan.push(Fault(FaultKind.PARTIAL, done=1))
+    got = [str(plan.next_fault("read", 3)) for _ in range(5)]
+    assert got == ["hang", "late(2)", "partial(1)", "ok", "ok"]
+    assert NoFaults().next_fault("write", 3) == Fault(FaultKind.OK)
+
+
+def test_fault_str() -> None:
+    assert [str(Fault(k, done=1, delay=3)) for k in FaultKind] == [
+        "ok", "raise", "error", "partial(1)", "hang", "late(3)", "twice(3)"
+    ]
+
+
+# --- FaultyStorage ---------------------------------------------------------------------
+
+
+def faulty(*faults: Fault) -> tuple[FaultyStorage, MemoryStorage]:
+    mem = MemoryStorage()
+    return FaultyStorage(mem, ScriptedFaults(faults)), mem
+
+
+A_OK: Reply = (Answer(0, Ok()),)
+
+WRITE_CASES: list[tuple[Fault, int, Reply]] = [
+    # fault, blocks that land in the backend, reply
+    (Fault(FaultKind.OK), 3, A_OK),
+    (Fault(FaultKind.ERROR), 0, (Answer(0, Error()),)),
+    (Fault(FaultKind.PARTIAL, done=2), 2, (Answer(0, Partial(2)),)),
+    (Fault(FaultKind.PARTIAL, done=0), 0, (Answer(0, Partial(0)),)),
+    (Fault(FaultKind.HANG), 3, ()),
+    (Fault(FaultKind.LATE, delay=3), 3, (Answer(3, Ok()),)),
+    (Fault(FaultKind.TWICE, delay=2), 3, (Answer(0, Ok()), Answer(2, Ok()))),
+]
+
+
+@pytest.mark.parametrize(("fault", "landed", "reply"), WRITE_CASES, ids=[str(c[0]) for c in WRITE_CASES])
+def test_faulty_write(fault: Fault, landed: int, reply: Reply) -> None:
+    fs, mem = faulty(fault)
+    assert fs.write(BLOCKS[:3]) == reply
+    assert mem.exists(H) == landed and len(mem) == landed
+    assert fs.write(BLOCKS[3:]) == A_OK  # the script is spent: OK from now on
+
+
+def test_faulty_raise_writes_nothing() -> None:
+    fs, mem = faulty(Fault(FaultKind.RAISE), Fault(FaultKind.RAISE))
+    with pytest.raises(StorageError, match=f"write.*{H[0]:016x}"):
+        fs.write(BLOCKS)
+    assert len(mem) == 0
+    mem.write(BLOCKS)
+    with pytest.raises(StorageError, match=f"read.*{H[1]:016x}"):
+        fs.read(H[1:])
+
+
+READ_CASES: list[tuple[Fault, Reply, int]] = [
+    # fault, reply, blocks of data returned; the backend holds H[0..2] and the read asks H[0..3]
+    (Fault(FaultKind.OK), (Answer(0, Partial(3)),), 3),
+    (Fault(FaultKind.ERROR), (Answer(0, Error()),), 0),
+    (Fault(FaultKind.PARTIAL, done=2), (Answer(0, Partial(2)),), 2),
+    (Fault(FaultKind.PARTIAL, done=4), (Answer(0, Partial(3)),), 3),
+    (Fault(FaultKind.HANG), (), 0),
+    (Fault(FaultKind.LATE, delay=3), (Answer(3, Partial(3)),), 3),
+    (Fault(FaultKind.TWICE, delay=1), (Answer(0, Partial(3)), Answer(1, Partial(3))), 3),
+]
+
+
+@pytest.mark.parametrize(("fault", "reply", "returned"), READ_CASES, ids=[str(c[0]) for c in READ_CASES])
+def test_faulty_read(fault: Fault, reply: Reply, returned: int) -> None:
+    fs, mem = faulty(fault)
+    mem.write(BLOCKS[:3])
+    assert fs.read(H) == (reply, DATA[:returned])
+    assert len(mem) == 3  # a read never changes what is stored
+
+
+def test_faulty_read_full_hit_is_ok() -> None:
+    fs, mem = faulty(Fault(FaultKind.LATE, delay=2))
+    mem.write(BLOCKS)
+    assert fs.read(H) == ((Answer(2, Ok()),), DATA)
+    assert fs.read(H[:2]) == (A_OK, DATA[:2])
+
+
+class ShortStorage(MemoryStorage):
+    """A backend whose disk fills up after `room` blocks."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:
+        n = super().write(blocks[: self.room])
+        self.room -= n
+        return n
+
+
+def test_faulty_write_reports_short_backend_write() -> None:
+    plan = ScriptedFaults([Fault(FaultKind.OK), Fault(FaultKind.LATE, delay=1)])
+    fs = FaultyStorage(ShortStorage(room=2), plan)
+    assert fs.write(BLOCKS[:3]) == (Answer(0, Partial(2)),)
+    assert fs.write(BLOCKS[3:]) == (Answer(1, Error()),)  # the delayed answer tells the truth too
+
+
+def test_backend_error_propagates() -> None:
+    class Broken(MemoryStorage):
+        def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:
+            raise StorageError("disk on fire")
+
+    with pytest.raises(StorageError, match="on fire"):
+        FaultyStorage(Broken(), NoFaults()).write(BLOCKS)
+
+
+def test_exists_and_clear_pass_through_without_faults() -> None:
+    fs, mem = faulty(Fault(FaultKind.RAISE))
+    mem.write(BLOCKS[:2])
+    assert fs.exists(H) == 2
+    fs.clear()
+    assert len(mem) == 0
+    with pytest.raises(StorageError):  # the scripted fault was not used up by exists/clear
+        fs.write(BLOCKS)
+    assert fs.injected == {FaultKind.RAISE: 1}
+
+
+def test_injected_counter() -> None:
+    kinds = [FaultKind.OK, FaultKind.ERROR, FaultKind.HANG, FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.TWICE]
+    fs, _ = faulty(*(Fault(k, done=1, delay=1) for k in kinds))
+    for i in range(len(kinds)):
+        if i % 2:
+            fs.read(H)
+        else:
+            fs.write(BLOCKS)
+    assert fs.injected == {FaultKind.ERROR: 2, FaultKind.HANG: 1, FaultKind.PARTIAL: 1, FaultKind.TWICE: 1}
+    assert FaultKind.OK not in fs.injected
+
+
+def test_seeded_faulty_storage_replays() -> None:
+    def run(seed: int) -> list[tuple[Reply, list[bytes]]]:
+        kinds = [k for k in FaultKind if k is not FaultKind.RAISE]
+        fs = FaultyStorage(MemoryStorage(), SeededFaults(seed, 0.6, kinds=kinds))
+        out = []
+        for i in range(50):
+            fs.write(BLOCKS[i % 4 :])
+            out.append(fs.read(H))
+        return out
+
+    assert run(11) == run(11)
