@@ -66,3 +66,27 @@ class NotQuiescent(KVCacheError):
     def __init__(self, requests: list[int]) -> None:
         super().__init__(f"reset with live requests {requests}")
         self.requests = requests
+
+
+class RequestTooLarge(KVCacheError):
+    def __init__(self, request: int, blocks: int, pool: int) -> None:
+        super().__init__(f"request {request} needs {blocks} blocks, the whole GPU pool has {pool}")
+        self.request = request
+
+
+class RequestGone(KVCacheError):
+    def __init__(self, request: int, status: str) -> None:
+        super().__init__(f"request {request} is already {status}")
+        self.request = request
+
+
+class NotRunning(KVCacheError):
+    def __init__(self, request: int, status: str) -> None:
+        super().__init__(f"request {request} is {status}, not running")
+        self.request = request
+
+
+class EmptyRequest(KVCacheError):
+    def __init__(self, request: int) -> None:
+        super().__init__(f"request {request} has no tokens")
+        self.request = request

@@ -45,6 +45,11 @@ class Fault:
             return f"{name}({self.delay})"
         return name
 
+    def __repr__(self) -> str:  # evaluable, so a printed counterexample can be replayed
+        extra = f", done={self.done}" if self.done else ""
+        extra += f", delay={self.delay}" if self.delay else ""
+        return f"Fault(FaultKind.{self.kind.name}{extra})"
+
 
 OK_FAULT = Fault(FaultKind.OK)
 FAULT_KINDS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k is not FaultKind.OK)
@@ -106,6 +111,10 @@ class ScriptedFaults:
 
     def next_fault(self, op: str, items: int) -> Fault:
         return self._queue.popleft() if self._queue else OK_FAULT
+
+    def clear(self) -> None:
+        """Drop the faults not used up, so they cannot leak into a later call."""
+        self._queue.clear()
 
 
 @dataclass(frozen=True)
@@ -185,3 +194,27 @@ class FaultyStorage:
 
     def clear(self) -> None:
         self.backend.clear()
+
+
+class SwapError(Exception):
+    """A swap copy between GPU and CPU failed by raising."""
+
+
+class FaultyCopier:
+    """GPU<->CPU swap copies behind a fault plan: the same faults as storage, no backend."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.plan = plan
+        self.injected: Counter[FaultKind] = Counter()
+
+    def copy(self, op: str, items: int) -> Reply:
+        fault = self.plan.next_fault(op, items)
+        if fault.kind is not FaultKind.OK:
+            self.injected[fault.kind] += 1
+        if fault.kind is FaultKind.RAISE:
+            raise SwapError(f"injected fault: {op} of {items} blocks failed")
+        if fault.kind is FaultKind.ERROR:
+            return (Answer(0, Error()),)
+        if fault.kind is FaultKind.PARTIAL:
+            return (Answer(0, Partial(min(fault.done, items))),)
+        return FaultyStorage._deliver(fault, Ok())

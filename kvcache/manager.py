@@ -174,6 +174,8 @@ class CacheManager:
         using at most `limit` (default: all free) GPU blocks for the two."""
         if r in self.requests:
             raise DuplicateRequest(r)
+        if limit is not None and limit < 0:
+            raise ValueError(f"match limit must be >= 0, got {limit}")
         path = self._walk_gpu(hashes)
         budget = self.gpu.num_free if limit is None else min(limit, self.gpu.num_free)
         cpu_run = self._cpu_run(path[-1] if path else self.tree.root, hashes[len(path) :], budget)
@@ -275,8 +277,8 @@ class CacheManager:
 
     def _insert(self, held: Holding, parent: Node, h: BlockHash, now: int) -> bool:
         """Move r's next private block into a new child of `parent`; False (and the
-        block stays private) when `parent` already has a child with that hash."""
-        if h in parent.children:
+        block stays private) when a node with that hash is already cached."""
+        if h in self.tree.by_hash:
             return False
         with self._tracking(parent):
             node = self.tree.add_child(parent, h, OnGpu(held.private.pop(0)))

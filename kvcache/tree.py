@@ -37,7 +37,7 @@ class RadixTree:
 
     def __init__(self) -> None:
         self.root = Node(BlockHash(0), None, None)
-        self.size = 0
+        self.by_hash: dict[BlockHash, Node] = {}  # chained hashes name a block tree-wide
 
     def add_child(self, parent: Node, h: BlockHash, tier: TierState) -> Node:
         node = Node(h, parent, tier)
@@ -46,7 +46,7 @@ class RadixTree:
 
     def link(self, parent: Node, node: Node) -> None:
         parent.children[node.hash] = node
-        self.size += 1
+        self.by_hash[node.hash] = node
         if node.tier is not None and gpu_side(node.tier):
             parent.gpu_children += 1
 
@@ -54,7 +54,8 @@ class RadixTree:
         parent = node.parent
         assert parent is not None and not node.children, "only leaves leave the tree"
         del parent.children[node.hash]
-        self.size -= 1
+        if self.by_hash.get(node.hash) is node:
+            del self.by_hash[node.hash]
         if node.tier is not None and gpu_side(node.tier):
             parent.gpu_children -= 1
         node.alive = False
@@ -63,6 +64,10 @@ class RadixTree:
         assert node.parent is not None and node.tier is not None
         node.parent.gpu_children += gpu_side(tier) - gpu_side(node.tier)
         node.tier = tier
+
+    @property
+    def size(self) -> int:
+        return len(self.by_hash)
 
     def walk(self) -> list[Node]:
         """Every node reachable from the root, parents before children."""

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
+from oracle.scheduler_machine import _fault
 from oracle.violations import PropertyViolated
 from spec.types import Error, Ok, Partial, Timeout
 
@@ -65,7 +66,7 @@ def counterexample_steps(e: BaseException) -> tuple[str, ...]:
 
 def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> PropertyViolated | None:
     """Run a printed program again on a fresh machine; the violation it ends in, if any."""
-    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout}
+    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_fault": _fault}
     state = machine()
     try:
         for step in steps:
@@ -91,3 +92,11 @@ def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], first_i
         else:
             i += 1
     return tuple(best)
+
+
+_DRAWN_FAULT = re.compile(r"_fault\((\d+)\)")
+
+
+def readable(step: str) -> str:
+    """A printed step with each drawn fault shown as the fault it is."""
+    return _DRAWN_FAULT.sub(lambda m: str(_fault(int(m.group(1)))), step.removeprefix("state."))

@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence, TextIO
 
-from oracle.campaign import RunResult, run_machine
+from oracle.campaign import RunResult, readable, run_machine
+from oracle.mutants import MUTANTS
+from oracle.scheduler_machine import FAULT_RATE
 from oracle.targets import Target, all_targets, tally_of
 
 
@@ -31,6 +33,8 @@ class Row:
 
 def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int) -> Row:
     machine = target.machine()
+    if target.level == "scheduler":
+        examples = max(1, examples // 2)  # scheduler steps do more work each
     result: RunResult | None = None
     start = time.perf_counter()
     for s in seeds:
@@ -79,7 +83,7 @@ def show(rows: Sequence[Row]) -> str:
         if r.result is None or r.result.violation is None:
             continue
         out.append(f"\n{r.target.name}: {r.result.violation}")
-        out += [f"  {i}. {step.removeprefix('state.')}" for i, step in enumerate(r.result.counterexample, 1)]
+        out += [f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)]
     return "\n".join(out)
 
 
@@ -91,11 +95,18 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"kvoracle check: no mutant named {args.mutant!r}; known: {', '.join(sorted(names - {'reference'}))}",
                   file=sys.stderr)
             return 2
-        targets = [t for t in targets if t.name in ("reference", args.mutant)]
+        level = next(t.level for t in targets if t.name == args.mutant)
+        targets = [t for t in targets if t.name == args.mutant or (t.name == "reference" and t.level == level)]
+    if args.level != "all":
+        targets = [t for t in targets if t.level == args.level]
+    if not 0 <= args.fault_rate <= 1:
+        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
+        return 2
+    FAULT_RATE[0] = args.fault_rate
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows: list[Row] = []
     for i, t in enumerate(targets):
-        progress(sys.stderr, i, len(targets), t.name)
+        progress(sys.stderr, i, len(targets), f"{t.name} ({t.level})")
         rows.append(run_target(t, seeds, args.examples, args.steps))
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
@@ -109,10 +120,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from oracle.mutants import CACHE_MUTANTS
-
-    for m in CACHE_MUTANTS:
-        print(f"{m.name:<22} class {m.bug_class:<3} {m.summary}\n{'':<22}           mutation: {m.mutation}")
+    for m in MUTANTS:
+        print(f"{m.name:<20} {m.level:<9} bug class {m.bug_class:<3} {m.summary}")
+        print(f"{'':<31}mutation: {m.mutation}; killed by {' or '.join(sorted(m.kills))}")
     return 0
 
 
@@ -123,10 +133,14 @@ def parser() -> argparse.ArgumentParser:
                        description="Runs the stateful machines against the reference (which must pass) and "
                                    "every mutant (each must be caught). Exit status 0 only when all are as expected.")
     c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference)")
-    c.add_argument("--seeds", type=int, default=2, help="number of seeds per target (default 2)")
+    c.add_argument("--seeds", type=int, default=3,
+                   help="seeds per target; a mutant's run stops at its first kill (default 3)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     c.add_argument("--examples", type=int, default=150, help="programs per seed (default 150)")
     c.add_argument("--steps", type=int, default=100, help="max steps per program (default 100)")
+    c.add_argument("--fault-rate", type=float, default=0.3,
+                   help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
+    c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
     c.set_defaults(func=cmd_check)
     m = sub.add_parser("mutants", help="list the mutant catalogue")

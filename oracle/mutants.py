@@ -7,13 +7,19 @@ select them by name. A mutant that survives the machines is a failing test.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvcache.allocator import BlockAllocator
 from kvcache.lru import LeafHeap
 from kvcache.manager import CacheManager, EvictReport, Holding, ReleaseReport
-from kvcache.transfers import SwapOutJob
+from kvcache.faults import Reply
+from kvcache.errors import OutOfBlocks
+from kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
+from scheduler.resource_manager import ResourceManager, payload
+from spec.scheduler import Status
+from spec.types import Outcome, TransferId
 from kvcache.tree import GPU, Node
 from spec.types import BlockHash, CpuBlock, GpuBlock, OnGpu, RequestId
 
@@ -25,7 +31,12 @@ class Mutant:
     summary: str
     mutation: str
     kills: frozenset[str]  # property IDs whose violation counts as the kill
-    cache_class: type[CacheManager]
+    cache_class: type[CacheManager] = CacheManager
+    scheduler_class: type[ResourceManager] | None = None  # set: a scheduler-level mutant
+
+    @property
+    def level(self) -> str:
+        return "cache" if self.scheduler_class is None else "scheduler"
 
 
 # --- 1: shared node popped from the LRU heap and dropped (FastDeploy seed bug a) -------
@@ -106,7 +117,7 @@ class DuplicateOverwrite(CacheManager):
 
 class RecycleListed(CacheManager):
     def _insert(self, held: Holding, parent: Node, h: BlockHash, now: int) -> bool:
-        if h in parent.children:
+        if h in self.tree.by_hash:
             self.gpu.free([held.private[0]])  # "the tree has it already" - but r still lists it
             return False
         return super()._insert(held, parent, h, now)
@@ -152,9 +163,116 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
 )
 
 
+
+# --- 2: storage write raises, free skipped (FastDeploy seed bug b) -----------------------
+
+
+class _WriteBeforeRelease(ResourceManager):
+    """Writes synchronously before releasing, without catching: a raise skips the free."""
+
+    synchronous_on: tuple[Status, ...] = ()
+
+    def _exit(self, r: RequestId, to: Status) -> None:
+        req = self.requests[r]
+        if to in self.synchronous_on and req.status is Status.RUNNING and self.write_policy.writes_on(to):
+            hashes = self.hashes(r)[: req.blocks]
+            self.storage.write([(h, payload(h)) for h in hashes])  # raises: nothing below runs
+            self._release(r, to, ())
+            return
+        super()._exit(r, to)
+
+
+class WriteRaiseOnFinish(_WriteBeforeRelease):
+    synchronous_on = (Status.FINISHED,)
+
+
+class WriteRaiseOnPreempt(_WriteBeforeRelease):
+    synchronous_on = (Status.PREEMPTED,)
+
+
+class WriteRaiseStopsBatch(ResourceManager):
+    """Releases each request right, but re-raises its write error, ending the batch loop."""
+
+    def _exit(self, r: RequestId, to: Status) -> None:
+        raised = self.stats.io_raised
+        super()._exit(r, to)
+        if self.stats.io_raised > raised:
+            raise RuntimeError(self.stats.log[-1])
+
+
+# --- 3: leak on a failed admit after a partial match ----------------------------------------
+
+
+class LeakyAdmit(ResourceManager):
+    def _admit(self, r: RequestId) -> bool:
+        req = self.requests[r]
+        hashes = self.hashes(r)
+        blocks = self.blocks_for(len(req.tokens))
+        rep = self.cache.match(r, hashes)  # references taken, fills started, before knowing it fits
+        try:
+            self.cache.allocate(r, blocks - len(self.cache.table(r)))
+        except OutOfBlocks:
+            return False  # ... and never given back
+        self._started_running(req, blocks, rep)
+        self._start_fills(r, rep)
+        return True
+
+
+# --- 10: a transfer that never answers is waited for forever ---------------------------------
+
+
+class NoTimeout(ResourceManager):
+    def _expire(self) -> None:
+        pass
+
+
+# --- 11: a late completion frees blocks that were reused ----------------------------------------
+
+
+class LateFree(ResourceManager):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sources: dict[TransferId, list[GpuBlock]] = {}
+
+    def _start(self, t: TransferId, io: Callable[[], Reply]) -> None:
+        job = self.cache.jobs.get(t)
+        if isinstance(job, WriteJob | PrefetchJob):
+            self._sources[t] = [g for _, g in job.items]
+        super()._start(t, io)
+
+    def _deliver(self, t: TransferId, outcome: Outcome) -> None:
+        if t not in self.cache.jobs:  # "cleanup" for a transfer that already ended
+            busy = [g for g in self._sources.get(t, []) if not self.cache.gpu.is_free(g)]
+            self.cache.gpu.free(busy)
+            return
+        super()._deliver(t, outcome)
+
+
+SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (seed bug b)",
+           "finish writes synchronously before release and lets the error escape",
+           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnFinish),
+    Mutant("write-raise-preempt", 2, "Storage write raises on preempt, free skipped (seed bug b)",
+           "preempt writes synchronously before release and lets the error escape",
+           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnPreempt),
+    Mutant("write-raise-batch", 2, "One failing write stops the rest of a finish batch",
+           "a write error is re-raised after its own request's release, ending the batch loop",
+           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseStopsBatch),
+    Mutant("leaky-admit", 3, "Leak on a failed admit after a partial match",
+           "admit matches (refcounts, fills) before checking the rest fits, and keeps them on failure",
+           frozenset({"INV-REQUEST"}), scheduler_class=LeakyAdmit),
+    Mutant("no-timeout", 10, "A transfer that never completes is waited for forever",
+           "the scheduler's timeout never fires", frozenset({"LIVE-TRANSFER"}), scheduler_class=NoTimeout),
+    Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
+           "an answer for an ended transfer frees that transfer's blocks again",
+           frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),
+)
+MUTANTS: tuple[Mutant, ...] = CACHE_MUTANTS + SCHEDULER_MUTANTS
+
+
 def by_name(name: str) -> Mutant:
-    for m in CACHE_MUTANTS:
+    for m in MUTANTS:
         if m.name == name:
             return m
-    known = ", ".join(m.name for m in CACHE_MUTANTS)
+    known = ", ".join(m.name for m in MUTANTS)
     raise KeyError(f"no mutant named {name!r}; known: {known}")

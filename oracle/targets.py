@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from hypothesis.stateful import RuleBasedStateMachine
 
 from oracle.cache_machine import CacheMachine, Tally
-from oracle.mutants import CACHE_MUTANTS, Mutant
+from oracle.mutants import MUTANTS, Mutant
+from oracle.scheduler_machine import SchedulerMachine
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,16 @@ class Target:
         attrs: dict[str, object] = {"tally": Tally()}
         if self.mutant is not None:
             attrs["cache_class"] = self.mutant.cache_class
-        return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (CacheMachine,), attrs)
+            if self.mutant.scheduler_class is not None:
+                attrs["scheduler_class"] = self.mutant.scheduler_class
+        base = CacheMachine if self.level == "cache" else SchedulerMachine
+        return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (base,), attrs)
 
 
 def all_targets() -> list[Target]:
-    out = [Target("reference", "cache", None)]
-    out += [Target(m.name, "cache", m) for m in CACHE_MUTANTS]
+    """The reference at each level first, then every mutant at its level."""
+    out = [Target("reference", "cache", None), Target("reference", "scheduler", None)]
+    out += [Target(m.name, m.level, m) for m in MUTANTS]
     return out
 
 

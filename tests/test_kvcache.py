@@ -36,11 +36,11 @@ from spec.types import (
     Ok,
     OnCpu,
     OnGpu,
+    Outcome,
     Partial,
     RequestId,
     SwappingIn,
     SwappingOut,
-    Timeout,
     TransferId,
 )
 
@@ -207,7 +207,6 @@ def test_two_requests_share_a_prefix() -> None:
 
 def test_evict_with_cpu_room_swaps_out() -> None:
     cache = cached(cpu=2)
-    g = cache.table  # noqa: F841  (keep mypy happy about unused names in older versions)
     rep = cache.evict_gpu(1)
     assert rep.steps == (SwapOutTo(HS[1], C(0)),) and rep.swap_out is not None
     leaf = node(cache, HS[1])
@@ -215,7 +214,7 @@ def test_evict_with_cpu_room_swaps_out() -> None:
     assert cache.gpu_evictable == 0  # the parent still has a GPU-side child
     ok(cache)
     cache.complete(rep.swap_out, Ok())
-    assert leaf.tier == OnCpu(C(0)) and cache.gpu.is_free(G(1)) and cache.gpu_pins == {}
+    assert node(cache, HS[1]).tier == OnCpu(C(0)) and cache.gpu.is_free(G(1)) and cache.gpu_pins == {}
     assert (cache.gpu_evictable, cache.cpu_evictable) == (1, 1)
     ok(cache)
 
@@ -265,10 +264,11 @@ def test_swap_in_ok_puts_node_on_gpu_and_frees_cpu_block() -> None:
 def test_swap_in_error_cuts_path_and_turns_failed_block_private() -> None:
     cache, rep = cpu_hit()
     assert rep.swap_in is not None
+    (extra,) = cache.allocate(R1, 1)
     cache.complete(rep.swap_in, Error())
     held = cache.requests[R1]
-    assert [n.hash for n in held.path] == [HS[0]] and held.private == list(rep.swap_dests)
-    assert cache.table(R1) == [G(0), rep.swap_dests[0]]
+    assert [n.hash for n in held.path] == [HS[0]] and held.private == [rep.swap_dests[0], extra]
+    assert cache.table(R1) == [G(0), rep.swap_dests[0], extra]
     assert node(cache, HS[1]).tier == OnCpu(C(0)) and node(cache, HS[1]).refcount == 0
     assert cache.ready(R1)
     ok(cache)
@@ -316,18 +316,25 @@ def test_release_does_not_rewrite_stored_hashes() -> None:
 
 
 def test_reset_completes_transfers_and_frees_everything() -> None:
-    cache, rep = cpu_hit()
-    cache.release(R1, HS[:2])  # not ready: no write starts
-    out = cache.evict_gpu(1)
-    assert len(cache.jobs) == 1 and out.swap_out is None  # HS[0] still has a GPU-side child
+    cache, _ = cpu_hit()  # a swap-in in flight
+    other = block_hashes([9, 9], 2)
     cache.match(R2, [])
     cache.allocate(R2, 1)
-    write = cache.release(R2, HS[2:3]).write
-    assert write is not None and len(cache.jobs) == 2
+    cache.commit(R2, other)
+    cache.release(R2)
+    assert cache.evict_gpu(1).steps == (SwapOutTo(other[0], C(1)),)  # a swap-out in flight
+    r3 = RequestId(3)
+    cache.match(r3, [])
+    cache.allocate(r3, 1)
+    assert cache.release(r3, HS[2:3]).write is not None  # a write in flight, adopting its block
+    cache.release(R1)
+    assert len(cache.jobs) == 3 and cache.gpu.num_free == 0
+    ok(cache)
     cache.reset()
     assert cache.jobs == {} and cache.tree.size == 0
     assert cache.gpu.num_free == 4 and cache.cpu.num_free == 2
     assert cache.gpu_pins == {} and cache.cpu_pins == {}
+    assert (cache.gpu_evictable, cache.cpu_evictable) == (0, 0)
     assert cache.stored == set()  # the write timed out
     ok(cache)
 
@@ -384,7 +391,7 @@ def test_every_call_refines_its_spec_action() -> None:
             c, lambda: c.match(r, hashes), lambda s, m: actions.match(s, r, hashes, m.swap_dests, m.prefetch_dests)
         )
 
-    def complete(t: TransferId | None, outcome: Ok | Error | Partial | Timeout) -> None:
+    def complete(t: TransferId | None, outcome: Outcome) -> None:
         assert t is not None
         step(c, lambda: c.complete(t, outcome), lambda s, _: actions.complete(s, t, outcome))
 

@@ -322,6 +322,17 @@ def test_inv_refcount_detects_refcount_off_by_one() -> None:
     assert ids(inv_refcount(broken)) == {"INV-REFCOUNT"}
 
 
+def test_inv_refcount_detects_child_held_more_than_its_parent() -> None:
+    s = cached()
+    broken = replace(
+        s,
+        nodes={**s.nodes, HS[1]: replace(s.nodes[HS[1]], refcount=1)},
+        requests={R1: Holding((HS[1],), ())},  # holders agree with refcounts; the path skips HS[0]
+    )
+    found = inv_refcount(broken)
+    assert ids(found) == {"INV-REFCOUNT"} and any("> parent" in v.message for v in found)
+
+
 def test_inv_tree_detects_missing_parent() -> None:
     s = busy()
     broken = replace(s, nodes={**s.nodes, HS[1]: replace(s.nodes[HS[1]], parent=OTHER)})
