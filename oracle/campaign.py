@@ -45,14 +45,18 @@ def run_machine(
     )
     test = seed(seed_value)(get_state_machine_test(machine, settings=config))
     start = time.perf_counter()
+    found: PropertyViolated | None = None
     try:
         test()
     except PropertyViolated as e:
-        steps_found = minimize(machine, counterexample_steps(e), e.first_id)
-        return RunResult(False, e, steps_found, time.perf_counter() - start)
+        found = e
     except Flaky as e:  # pragma: no cover - reported, never hidden
         raise RuntimeError(f"flaky machine run: {e}") from e
-    return RunResult(True, None, (), time.perf_counter() - start)
+    if found is None:
+        return RunResult(True, None, (), time.perf_counter() - start)
+    # Outside the except block: teardown skips its drain check while an exception is handled.
+    steps_found = minimize(machine, counterexample_steps(found), found.first_id)
+    return RunResult(False, found, steps_found, time.perf_counter() - start)
 
 
 _CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")

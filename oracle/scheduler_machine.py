@@ -159,13 +159,15 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- rules -----------------------------------------------------------------------------
 
-    @rule(p=st.integers(0, len(PROMPTS) - 1))
-    def submit(self, p: int) -> None:
+    @rule(p=st.integers(0, len(PROMPTS) - 1), tail=st.integers(0, 3))
+    def submit(self, p: int, tail: int) -> None:
+        """A prompt from the shared family, then `tail` own tokens (new blocks to write)."""
         if len(self.rm.running) + len(self.rm.waiting) >= 5:
             return
         r = RequestId(self.next_request)
         self.next_request += 1
-        self._call("submit", lambda: self.rm.submit(r, PROMPTS[p]))
+        tokens = PROMPTS[p] + (r % 3 + 3,) * tail
+        self._call("submit", lambda: self.rm.submit(r, tokens))
 
     @rule(f=faults)
     def schedule(self, f: list[Fault]) -> None:
