@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check-all typecheck pytest bench clean
+.PHONY: run test typecheck pytest bench prove prove-deep docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,16 @@ pytest: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/workload.py
+
+prove: $(STAMP)
+	$(BIN)/kvoracle prove
+
+# The larger scope: requests re-admitted after preemption (tens of minutes on 2 cores).
+prove-deep: $(STAMP)
+	$(BIN)/kvoracle prove --deep
+
+docs: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m oracle.mutant_docs
 
 clean:
 	rm -rf $(VENV) .hypothesis .mypy_cache .pytest_cache *.egg-info

@@ -126,6 +126,27 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prove(args: argparse.Namespace) -> int:
+    from proofs.obligations import ALL_IDS, run_all, uncovered
+
+    rows = run_all(deep=args.deep, crosshair=not args.no_crosshair, examples=args.examples,
+                   progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    head = ("property", "method", "scope", "explored", "time", "verdict")
+    body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    for cells in (head, tuple("-" * w for w in widths), *body):
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+    for r in rows:
+        if r.detail and (not r.ok or args.show):
+            print(f"\n{r.property_id} / {r.method}: {r.detail}")
+    missing = [] if args.no_crosshair else uncovered(rows)
+    failed = [r for r in rows if not r.ok]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold; "
+          f"{len(ALL_IDS) - len(missing)} of {len(ALL_IDS)} property IDs covered"
+          + (f"; uncovered: {', '.join(missing)}" if missing else ""))
+    return 0 if not failed and not missing else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvoracle", description="Check KV-cache block lifecycles against the kvoracle specification.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -143,6 +164,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
     c.set_defaults(func=cmd_check)
+    pr = sub.add_parser("prove", help="run every proof obligation and print one table",
+                        description="Runs the bounded model check of spec/ (and of the seed-bug mutants), the "
+                                    "Hypothesis machines on the reference and the CrossHair contracts. "
+                                    "Exit status non-zero when any obligation fails or an ID is uncovered.")
+    pr.add_argument("--deep", action="store_true", help="the larger scope (re-admission after preemption; minutes)")
+    pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
+    pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
+    pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
+    pr.set_defaults(func=cmd_prove)
     m = sub.add_parser("mutants", help="list the mutant catalogue")
     m.set_defaults(func=cmd_mutants)
     return p

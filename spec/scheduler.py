@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from spec import actions
 from spec.actions import PreconditionError
 from spec.invariants import Violation, gpu_claims
-from spec.state import CacheState, StorageWrite
+from spec.state import CacheState
 from spec.types import BlockHash, Free, GpuBlock, InFlight, OwnedByNode, OwnedByRequest, RequestId, TransferId
 
 
@@ -68,12 +68,17 @@ def inv_request(s: SchedulerState) -> list[Violation]:
 def live_exit(before: SchedulerState, after: SchedulerState, r: RequestId) -> list[Violation]:
     """LIVE-EXIT: within its exit step, every block r listed is free, a tree node's, still
     listed by another live request, or owned by a transfer that will free it."""
-    if r not in before.cache.requests:
+    return live_exit_cache(before.cache, after.cache, r)
+
+
+def live_exit_cache(before: CacheState, after: CacheState, r: RequestId) -> list[Violation]:
+    """LIVE-EXIT over the cache states around r's exit step."""
+    if r not in before.requests:
         return []
-    listed = actions.table(before.cache, r)
-    claims = gpu_claims(after.cache)
+    listed = actions.table(before, r)
+    claims = gpu_claims(after)
     out: list[Violation] = []
-    if r in after.cache.requests:
+    if r in after.requests:
         out.append(Violation("LIVE-EXIT", f"request {r} still holds blocks after its exit"))
     for g in listed:
         owners = claims.get(g, [])
@@ -98,7 +103,3 @@ def live_transfer(s: SchedulerState) -> list[Violation]:
             out.append(Violation("LIVE-TRANSFER", f"transfer {t} in flight for {s.now - began} ticks (timeout {s.timeout})"))
     return out
 
-
-def adopted_blocks(s: CacheState) -> set[GpuBlock]:
-    """Blocks released while a write still reads them."""
-    return {g for t in s.transfers.values() if isinstance(t, StorageWrite) for g in t.adopted}

@@ -107,7 +107,7 @@ class Observed:
     """What an implementation exposes beyond the state: its heaps' reach and its counters.
 
     `*_findable` are the nodes eviction can reach (entries of the LRU heaps). They are
-    policy, so refinement does not compare them; INV-HEAP-* constrain them.
+    policy, so refinement does not compare them; the two heap invariants constrain them.
     """
 
     gpu_findable: frozenset[BlockHash]

@@ -1,0 +1,503 @@
+"""Contracts on the block lifecycle's pure kernels, for CrossHair to search.
+
+Contract style: plain `assert` statements, checked with
+`crosshair check --analysis_kind asserts`. A contracted function begins with
+asserts (its preconditions); any assert that fails after them is a counterexample.
+Chosen over PEP 316 docstrings (icontract and deal are not installed) because the
+conditions stay ordinary Python: `mypy --strict` checks them, they run on every
+concrete call (tests/test_contracts.py executes them on real cases), and a failing
+postcondition names its property ID in the message CrossHair prints. The cost:
+`python -O` strips asserts, so never run these checks with -O.
+
+CrossHair runs C code such as heapq concretely and stalls on unbounded recursion
+over symbolic trees, so spec/ and kvcache/ are not contracted directly. Each
+function below named `*_kernel`, or documented as a mirror, restates the logic of
+one function there over plain lists of small ints, with loops bounded by the input
+lengths. tests/test_contracts.py compares each kernel with the real code on
+concrete cases so that it cannot drift silently. Preconditions cap every list at
+MAX_BLOCKS elements. CrossHair never proves: a pass means it found no
+counterexample within its per-condition timeout over those small inputs.
+
+GPU blocks are the indexes of an owner map, a list of owner codes (below).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+MAX_BLOCKS = 4  # every list a precondition admits is at most this long
+
+# Who owns a GPU block (spec.types.Owner, narrowed to what an exit can change).
+FREE, NODE, REQUEST, WRITE, OTHER = 0, 1, 2, 3, 4
+# REQUEST: the private tail of the exiting request. WRITE: adopted by the storage
+# write this exit starts. OTHER: another request's tail, or another transfer's block.
+OWNER_NAMES = ("free", "node", "request", "write", "other")
+
+# How the storage write of an exit ends (spec.types.Outcome, plus RAISE: the call raises).
+OK, ERROR, PARTIAL, TIMEOUT, RAISE = 0, 1, 2, 3, 4
+
+Heap = list[tuple[int, int]]  # LRU heap entries (stamp, node), see below
+
+
+def _count(xs: list[int], x: int) -> int:
+    n = 0
+    for y in xs:
+        if y == x:
+            n += 1
+    return n
+
+
+def _distinct(xs: list[int]) -> bool:
+    for i in range(len(xs)):
+        for j in range(i):
+            if xs[i] == xs[j]:
+                return False
+    return True
+
+
+def _in_range(xs: list[int], size: int) -> bool:
+    return all(0 <= x < size for x in xs)
+
+
+# --- allocator: split and merge --------------------------------------------------------
+
+
+def alloc_kernel(free: list[int], n: int) -> tuple[list[int], list[int]]:
+    """Mirrors kvcache.allocator.BlockAllocator.allocate: pop n blocks off the top of
+    the free stack; a request it cannot meet (OutOfBlocks there) takes nothing."""
+    rest = list(free)
+    if n < 0 or n > len(rest):
+        return rest, []
+    taken = [rest.pop() for _ in range(n)]
+    return rest, taken
+
+
+def free_kernel(free: list[int], size: int, batch: list[int]) -> tuple[list[int], bool]:
+    """Mirrors kvcache.allocator.BlockAllocator.free: check the whole batch against the
+    free bitmap and a seen set before pushing any of it; a bad batch (BlockOutOfRange
+    or DoubleFree there) frees nothing."""
+    is_free = [False] * size
+    for b in free:
+        is_free[b] = True
+    seen = [False] * size
+    for b in batch:
+        if not 0 <= b < size or is_free[b] or seen[b]:
+            return list(free), False
+        seen[b] = True
+    return free + batch, True
+
+
+def allocate(free: list[int], size: int, n: int) -> tuple[list[int], list[int]]:
+    """INV-CONSERVE: each block ends up in exactly one of rest, taken and the blocks
+    in use before; taken holds n distinct blocks, or nothing when n cannot be met."""
+    assert 0 <= size <= MAX_BLOCKS and len(free) <= size
+    assert _distinct(free) and _in_range(free, size)
+    rest, taken = alloc_kernel(free, n)
+    if 0 <= n <= len(free):
+        assert len(taken) == n, f"INV-CONSERVE: asked for {n} blocks, took {taken}"
+    else:
+        assert rest == free and not taken, "bad input: an unmet allocation changed the free list"
+    for b in range(size):
+        in_use_before = 0 if b in free else 1
+        owners = _count(rest, b) + _count(taken, b) + in_use_before
+        assert owners == 1, f"INV-CONSERVE: block {b} has {owners} owners"
+    assert len(rest) + len(taken) + (size - len(free)) == size, "INV-CONSERVE: |free| + |in use| != size"
+    return rest, taken
+
+
+def free_batch(free: list[int], size: int, batch: list[int]) -> tuple[list[int], bool]:
+    """INV-CONSERVE, INV-TIER: a batch of distinct in-range blocks, none free, joins the
+    free list, which keeps no duplicates; any other batch changes nothing."""
+    assert 0 <= size <= MAX_BLOCKS and len(free) <= size and len(batch) <= MAX_BLOCKS
+    assert _distinct(free) and _in_range(free, size)
+    out, ok = free_kernel(free, size, batch)
+    valid = all(0 <= b < size and b not in free and _count(batch, b) == 1 for b in batch)
+    assert ok == valid, f"bad input: batch {batch} accepted={ok}, valid={valid}"
+    if ok:
+        assert out == free + batch, "INV-CONSERVE: the free list is not the old one plus the batch"
+        assert _distinct(out) and _in_range(out, size), f"INV-CONSERVE: free list {out} repeats or leaves the tier"
+    else:
+        assert out == free, "bad input: a rejected batch changed the free list"
+    return out, ok
+
+
+# --- refcounts along a request's path --------------------------------------------------
+# Nodes are 0..len(parent)-1 and parent[i] < i (-1: a child of the root), so every walk
+# up the tree ends within len(parent) steps. A request holds the root-first path that
+# ends at its leaf (-1: an empty path); holders lists the leaves of the live requests.
+
+
+def path_to(parent: list[int], leaf: int) -> list[int]:
+    """A request's Holding.path in spec.state: the root-first chain ending at `leaf`."""
+    path: list[int] = []
+    node = leaf
+    for _ in range(len(parent)):
+        if node < 0:
+            break
+        path.insert(0, node)
+        node = parent[node]
+    return path
+
+
+def refs_kernel(ref: list[int], path: list[int], by: int) -> list[int]:
+    """Mirrors spec.actions._adjust_ref (and CacheManager._take_ref / _drop_ref per node)."""
+    out = list(ref)
+    for n in path:
+        out[n] += by
+    return out
+
+
+def _holds(parent: list[int], leaf: int, n: int) -> bool:
+    """n is on the path that ends at leaf."""
+    node = leaf
+    for _ in range(len(parent)):
+        if node == n:
+            return True
+        if node < 0:
+            return False
+        node = parent[node]
+    return False
+
+
+def refcounts(parent: list[int], holders: list[int]) -> list[int]:
+    """INV-REFCOUNT's right-hand side: how many live requests' paths hold each node."""
+    return [sum(1 for leaf in holders if _holds(parent, leaf, n)) for n in range(len(parent))]
+
+
+def _refs_ok(parent: list[int], holders: list[int]) -> bool:
+    n = len(parent)
+    return (
+        n <= MAX_BLOCKS
+        and len(holders) <= 3
+        and all(-1 <= parent[i] < i for i in range(n))
+        and all(-1 <= leaf < n for leaf in holders)
+    )
+
+
+def _check_refs(parent: list[int], ref: list[int], holders: list[int]) -> None:
+    assert ref == refcounts(parent, holders), f"INV-REFCOUNT: refcounts {ref} != holders {holders}"
+    for i in range(len(parent)):
+        assert ref[i] >= 0, f"INV-REFCOUNT: node {i} refcount {ref[i]} < 0"
+        p = parent[i]
+        assert p < 0 or ref[i] <= ref[p], f"INV-REFCOUNT: node {i} refcount {ref[i]} > parent's {ref[p]}"
+
+
+def take_refs(parent: list[int], ref: list[int], holders: list[int], leaf: int) -> list[int]:
+    """INV-REFCOUNT: a request matching the path to `leaf` takes one reference on each
+    node of it; refcounts then count the holders again, child <= parent."""
+    assert len(parent) <= MAX_BLOCKS and len(ref) == len(parent) and len(holders) <= 3
+    assert _refs_ok(parent, holders) and -1 <= leaf < len(parent)
+    assert ref == refcounts(parent, holders)
+    out = refs_kernel(ref, path_to(parent, leaf), +1)
+    _check_refs(parent, out, holders + [leaf])
+    return out
+
+
+def drop_refs(parent: list[int], ref: list[int], holders: list[int], j: int) -> list[int]:
+    """INV-REFCOUNT: live request j exits and drops one reference on each node of its
+    path; dropping only what was taken, no refcount goes negative, child <= parent."""
+    assert len(parent) <= MAX_BLOCKS and len(ref) == len(parent) and len(holders) <= 3
+    assert _refs_ok(parent, holders) and 0 <= j < len(holders)
+    assert ref == refcounts(parent, holders)
+    out = refs_kernel(ref, path_to(parent, holders[j]), -1)
+    _check_refs(parent, out, holders[:j] + holders[j + 1 :])
+    return out
+
+
+# --- the LRU leaf heap with lazy deletion -----------------------------------------------
+# An entry is (stamp, node); a push appends, so an entry's position is its sequence
+# number and the least entry is the smallest (stamp, position). alive / evictable /
+# last / in_heap describe nodes 0..N-1 of one tier (kvcache.tree.Node's fields).
+
+
+def _least(heap: Heap) -> int:
+    best = 0
+    for i in range(1, len(heap)):
+        if heap[i][0] < heap[best][0]:
+            best = i
+    return best
+
+
+def offer_kernel(heap: Heap, in_heap: list[bool], node: int, stamp: int) -> tuple[Heap, list[bool]]:
+    """Mirrors kvcache.lru.LeafHeap.offer: push an entry unless the node has one."""
+    if in_heap[node]:
+        return list(heap), list(in_heap)
+    flags = list(in_heap)
+    flags[node] = True
+    return heap + [(stamp, node)], flags
+
+
+def pop_kernel(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
+) -> tuple[Heap, list[bool], int]:
+    """Mirrors kvcache.lru.LeafHeap.pop_evictable: the least recently used evictable
+    node (-1: none). A dead node's entry is skipped; a stale entry (node not evictable)
+    is dropped and the node's in_heap flag cleared, so its next offer pushes it again;
+    an entry older than the node's last access is pushed again at its true age. Each
+    entry is popped at most twice (a re-pushed one is current), hence the bound."""
+    entries, flags = list(heap), list(in_heap)
+    for _ in range(2 * len(heap)):
+        if not entries:
+            break
+        stamp, n = entries.pop(_least(entries))
+        if not alive[n]:
+            continue
+        if not evictable[n]:
+            flags[n] = False  # LeafHeap._drop_stale
+            continue
+        if last[n] != stamp:
+            entries.append((last[n], n))
+            continue
+        flags[n] = False
+        return entries, flags, n
+    return entries, flags, -1
+
+
+def pop_kernel_seed_bug_a(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
+) -> tuple[Heap, list[bool], int]:
+    """Seed bug a (oracle.mutants.ForgetfulHeap): a stale entry is dropped but the node
+    keeps its in_heap flag, so no later offer makes it findable again."""
+    entries, flags = list(heap), list(in_heap)
+    for _ in range(2 * len(heap)):
+        if not entries:
+            break
+        stamp, n = entries.pop(_least(entries))
+        if not alive[n] or not evictable[n]:
+            continue
+        if last[n] != stamp:
+            entries.append((last[n], n))
+            continue
+        flags[n] = False
+        return entries, flags, n
+    return entries, flags, -1
+
+
+def heap_violation(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int], exempt: int
+) -> str:
+    """The first broken clause of the heap's invariant, or "". Every live node's in_heap
+    flag says exactly whether it has an entry, it has at most one, and an evictable node
+    other than `exempt` has one (INV-HEAP-COMPLETE). Entries name nodes of the tier,
+    stamped no later than the node's last access (INV-HEAP-SOUND)."""
+    n_nodes = len(alive)
+    for stamp, n in heap:
+        if not 0 <= n < n_nodes:
+            return f"INV-HEAP-SOUND: entry names node {n}, not of this tier"
+        if alive[n] and stamp > last[n]:
+            return f"INV-HEAP-SOUND: node {n}'s entry is stamped {stamp}, after its last access {last[n]}"
+    for n in range(n_nodes):
+        if not alive[n]:
+            continue
+        k = sum(1 for _, m in heap if m == n)
+        if k > 1 or in_heap[n] != (k == 1):
+            return f"INV-HEAP-COMPLETE: node {n} has in_heap={in_heap[n]} and {k} entries"
+        if evictable[n] and k == 0 and n != exempt:
+            return f"INV-HEAP-COMPLETE: node {n} is evictable but no entry finds it"
+    return ""
+
+
+def _heap_shape(heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]) -> bool:
+    n = len(alive)
+    return len(heap) <= 3 and n <= 3 and len(in_heap) == n and len(evictable) == n and len(last) == n
+
+
+def _dead_not_evictable(alive: list[bool], evictable: list[bool]) -> bool:
+    return all(alive[n] or not evictable[n] for n in range(len(alive)))
+
+
+def heap_offer(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int], node: int
+) -> tuple[Heap, list[bool]]:
+    """INV-HEAP-COMPLETE: offering a node that just became evictable (CacheManager._settle)
+    makes it findable, whether or not a popped stale entry once cleared its flag."""
+    assert _heap_shape(heap, in_heap, alive, evictable, last) and 0 <= node < len(alive)
+    assert alive[node] and evictable[node] and _dead_not_evictable(alive, evictable)
+    assert not heap_violation(heap, in_heap, alive, evictable, last, exempt=node)
+    out, flags = offer_kernel(heap, in_heap, node, last[node])
+    v = heap_violation(out, flags, alive, evictable, last, exempt=-1)
+    assert not v, v
+    return out, flags
+
+
+def _check_pop(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int],
+    popped: tuple[Heap, list[bool], int],
+) -> None:
+    out, flags, found = popped
+    v = heap_violation(out, flags, alive, evictable, last, exempt=found)
+    assert not v, v
+    if found < 0:
+        assert not any(alive[n] and evictable[n] for n in range(len(alive))), "LIVE-EVICT: an evictable node was not found"
+        return
+    assert alive[found] and evictable[found], f"INV-HEAP-SOUND: popped node {found} is not evictable"
+    assert not flags[found] and all(m != found for _, m in out), f"popped node {found} is still in the heap"
+    for n in range(len(alive)):
+        if alive[n] and evictable[n]:
+            assert last[found] <= last[n], f"LRU: popped node {found} was used after node {n}"
+
+
+def heap_pop(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
+) -> tuple[Heap, list[bool], int]:
+    """INV-HEAP-SOUND, INV-HEAP-COMPLETE, LIVE-EVICT: pop returns the least recently
+    used evictable node when there is one, and every other evictable node stays
+    findable; a stale entry's node is left with in_heap cleared, to be offered again."""
+    assert _heap_shape(heap, in_heap, alive, evictable, last) and _dead_not_evictable(alive, evictable)
+    assert not heap_violation(heap, in_heap, alive, evictable, last, exempt=-1)
+    popped = pop_kernel(heap, in_heap, alive, evictable, last)
+    _check_pop(heap, in_heap, alive, evictable, last, popped)
+    return popped
+
+
+def heap_pop_seed_bug_a(
+    heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
+) -> tuple[Heap, list[bool], int]:
+    """heap_pop's contract over seed bug a's pop: CrossHair must find it broken."""
+    assert _heap_shape(heap, in_heap, alive, evictable, last) and _dead_not_evictable(alive, evictable)
+    assert not heap_violation(heap, in_heap, alive, evictable, last, exempt=-1)
+    popped = pop_kernel_seed_bug_a(heap, in_heap, alive, evictable, last)
+    _check_pop(heap, in_heap, alive, evictable, last, popped)
+    return popped
+
+
+# --- release on each write outcome: the exit path --------------------------------------
+
+
+class ExitResult(NamedTuple):
+    owner_step: list[int]  # at the end of the exit step (finish, abort or preempt)
+    pins_step: list[int]
+    owner_end: list[int]  # once the write it started has ended (at once, late, or by timeout)
+    pins_end: list[int]
+    stored: int  # how many written blocks storage confirmed
+
+
+def _stored(outcome: int, written: int, done: int) -> int:
+    """spec.types.succeeded; a raise is an error answer."""
+    return written if outcome == OK else done if outcome == PARTIAL else 0
+
+
+def _end_write(owner: list[int], pins: list[int], written: list[int], adopted: list[int]) -> tuple[list[int], list[int]]:
+    """Mirrors CacheManager._finish_write / spec.actions.complete of a StorageWrite:
+    whatever the outcome, unpin what the write read and free what it adopted."""
+    own, pin = list(owner), list(pins)
+    for g in written:
+        pin[g] -= 1
+    for g in adopted:
+        own[g] = FREE
+    return own, pin
+
+
+def exit_kernel(
+    owner: list[int], pins: list[int], private: list[int], written: list[int], outcome: int, done: int, late: bool
+) -> ExitResult:
+    """Mirrors scheduler.resource_manager.ResourceManager._release with
+    CacheManager.release (spec.actions.release), then the write's completion: release
+    first (the write pins its sources; a pinned private block passes to the write, the
+    others are freed; path refcounts drop, see drop_refs), then start the write, where a
+    raise is an error answer delivered at once. A timeout, or a late answer, ends it
+    after the step. The path's blocks stay with their nodes throughout."""
+    own, pin = list(owner), list(pins)
+    for g in written:
+        pin[g] += 1
+    adopted: list[int] = []
+    for g in private:
+        if pin[g]:
+            own[g] = WRITE
+            adopted.append(g)
+        else:
+            own[g] = FREE
+    end_own, end_pin = _end_write(own, pin, written, adopted)
+    stored = _stored(outcome, len(written), done)
+    if outcome == TIMEOUT or (late and outcome != RAISE):
+        return ExitResult(own, pin, end_own, end_pin, stored)
+    return ExitResult(end_own, end_pin, end_own, end_pin, stored)
+
+
+def exit_kernel_seed_bug_b(
+    owner: list[int], pins: list[int], private: list[int], written: list[int], outcome: int, done: int, late: bool
+) -> ExitResult:
+    """Seed bug b (oracle.mutants._WriteBeforeRelease): the write runs synchronously
+    before the release, and a raise escapes it, skipping the free."""
+    if written and outcome == RAISE:
+        return ExitResult(list(owner), list(pins), list(owner), list(pins), 0)
+    own = list(owner)
+    for g in private:
+        own[g] = FREE
+    return ExitResult(own, list(pins), list(own), list(pins), _stored(outcome, len(written), done))
+
+
+def _exit_ok(
+    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int], outcome: int, done: int
+) -> bool:
+    """The exit's precondition: the request's private tail is exactly the blocks it
+    owns, unpinned (spec.actions.release); its path's blocks belong to nodes; the
+    write reads blocks of its table; no block is already adopted by this exit's write."""
+    n = len(owner)
+    return (
+        all(FREE <= o <= OTHER and o != WRITE for o in owner)
+        and all(p >= 0 for p in pins)
+        and all(pins[g] == 0 for g in range(n) if owner[g] == FREE)
+        and _distinct(private) and _in_range(private, n)
+        and all(owner[g] == REQUEST and pins[g] == 0 for g in private)
+        and all(g in private for g in range(n) if owner[g] == REQUEST)
+        and _distinct(path) and _in_range(path, n)
+        and all(owner[g] == NODE for g in path)
+        and _distinct(written)
+        and all(g in private or g in path for g in written)
+        and FREE <= outcome <= RAISE
+        and (outcome != PARTIAL or 0 <= done <= len(written))
+    )
+
+
+def _check_exit(
+    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
+    outcome: int, done: int, late: bool, result: ExitResult,
+) -> None:
+    step, end = result.owner_step, result.owner_end
+    pending = outcome == TIMEOUT or (late and outcome != RAISE)
+    for g in range(len(owner)):
+        if g in private:
+            assert step[g] == FREE or (step[g] == WRITE and pending and g in written), (
+                f"LIVE-EXIT: block {g} of the request is {OWNER_NAMES[step[g]]} after the exit step"
+            )
+            assert end[g] == FREE, f"LIVE-EXIT: block {g} of the request is {OWNER_NAMES[end[g]]} after the write"
+        else:
+            assert step[g] == owner[g] and end[g] == owner[g], (
+                f"INV-CONSERVE: block {g} changed owner from {OWNER_NAMES[owner[g]]} though not the request's"
+            )
+        assert not (step[g] == FREE and result.pins_step[g] > 0), f"INV-PIN: block {g} is free while pinned"
+    assert result.pins_end == pins, f"INV-PIN: pins {result.pins_end} after the write, {pins} before"
+    assert _count(end, FREE) == _count(owner, FREE) + len(private), "INV-CONSERVE: the request's blocks were not all returned"
+    assert result.stored == _stored(outcome, len(written), done), f"storage confirmed {result.stored} blocks"
+
+
+def exit_request(
+    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
+    outcome: int, done: int, late: bool,
+) -> ExitResult:
+    """LIVE-EXIT, INV-CONSERVE, INV-PIN, LIVE-TRANSFER: after finish, abort or preempt,
+    whatever the storage write does (ok, error, partial(k), timeout, raise; at once or
+    late), every private block of the request is free or adopted by the write still in
+    flight, freed when the write ends; path blocks stay with their nodes; no other block
+    changes owner; the write leaves no pin behind. `written` is empty for an exit
+    whose write policy writes nothing (abort always)."""
+    assert len(owner) <= MAX_BLOCKS and len(pins) == len(owner) and len(written) <= len(owner)
+    assert len(private) <= len(owner) and len(path) <= len(owner)
+    assert _exit_ok(owner, pins, private, path, written, outcome, done)
+    result = exit_kernel(owner, pins, private, written, outcome, done, late)
+    _check_exit(owner, pins, private, path, written, outcome, done, late, result)
+    return result
+
+
+def exit_request_seed_bug_b(
+    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
+    outcome: int, done: int, late: bool,
+) -> ExitResult:
+    """exit_request's contract over seed bug b's exit: CrossHair must find it broken."""
+    assert len(owner) <= MAX_BLOCKS and len(pins) == len(owner) and len(written) <= len(owner)
+    assert len(private) <= len(owner) and len(path) <= len(owner)
+    assert _exit_ok(owner, pins, private, path, written, outcome, done)
+    result = exit_kernel_seed_bug_b(owner, pins, private, written, outcome, done, late)
+    _check_exit(owner, pins, private, path, written, outcome, done, late, result)
+    return result

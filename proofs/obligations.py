@@ -1,0 +1,116 @@
+"""Every proof obligation of kvoracle, each tied to the property IDs it shows.
+
+`kvoracle prove` runs them and prints one row per (property, method): the bounded
+model check of spec/, the Hypothesis machines on the reference, and the CrossHair
+contracts. Each method explores every case within its stated scope only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proofs.model_check import MUTATIONS, Scope, explore
+from spec.properties import PROPERTIES
+
+MODEL_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN", "INV-HEAP-SOUND",
+             "INV-HEAP-COMPLETE", "INV-REQUEST", "LIVE-EXIT", "LIVE-EVICT", "LIVE-DRAIN")
+CACHE_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN",
+                     "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS", "LIVE-EVICT", "LIVE-DRAIN")
+SCHEDULER_MACHINE_IDS = ("INV-REQUEST", "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-DRAIN")
+ALL_IDS = tuple(PROPERTIES)
+CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=1)
+MUTANT_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)
+DEEP_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=2)
+
+
+@dataclass(frozen=True)
+class Row:
+    property_id: str
+    method: str
+    scope: str
+    explored: str
+    seconds: float
+    verdict: str  # "holds", "found (expected)", "no counterexample", or a failure
+    ok: bool
+    detail: str = ""
+
+
+def model_rows(scope: Scope, max_states: int, progress: Callable[[int, int], None] | None = None) -> list[Row]:
+    r = explore(scope, max_states=max_states, progress=progress)
+    explored = f"{r.states:,} states, {r.transitions:,} transitions, drain <= {r.longest_drain}"
+    if r.passed:
+        return [Row(i, "model check", scope.describe(), explored, r.seconds, "holds", True) for i in MODEL_IDS]
+    why = "state limit reached" if not r.complete else f"{r.violation[0]} after: {' ; '.join(r.trace)}"
+    failed = {v.id for v in r.violation} or set(MODEL_IDS)
+    return [Row(i, "model check", scope.describe(), explored, r.seconds,
+                "VIOLATED" if i in failed else "not reached", False, why) for i in MODEL_IDS]
+
+
+def mutant_rows(scope: Scope) -> list[Row]:
+    """The seed bugs' mutated models must be refuted, with a short trace."""
+    out = []
+    for name in MUTATIONS:
+        r = explore(scope, name)
+        found = bool(r.violation)
+        out.append(Row(r.violation[0].id if found else "-", f"model check of mutant {name}", scope.describe(),
+                       f"{r.states:,} states", r.seconds, f"found in {len(r.trace)} steps" if found else "MISSED",
+                       found, " ; ".join(r.trace)))
+    return out
+
+
+def machine_rows(examples: int) -> list[Row]:
+    from oracle.campaign import run_machine
+    from oracle.targets import Target, tally_of
+
+    out = []
+    for level, ids in (("cache", CACHE_MACHINE_IDS), ("scheduler", SCHEDULER_MACHINE_IDS)):
+        machine = Target("reference", level, None).machine()
+        res = run_machine(machine, seed_value=0, examples=examples, steps=100)
+        tally = tally_of(machine)
+        scope = f"{level} machine, {examples} programs x <= 100 steps, seed 0"
+        explored = f"{tally.steps:,} steps, {tally.faults:,} faults, {tally.bad_inputs:,} bad inputs"
+        for i in ids:
+            bad = res.violation is not None and i in {v.id for v in res.violation.violations}
+            out.append(Row(i, "Hypothesis", scope, explored, res.seconds, "VIOLATED" if bad else
+                           ("holds" if res.passed else "not reached"), res.passed))
+    return out
+
+
+def crosshair_rows(per_condition_timeout: float, total_timeout: float) -> list[Row]:
+    from proofs.crosshair_check import check
+
+    out = []
+    for c in check(per_condition_timeout=per_condition_timeout, total_timeout=total_timeout):
+        ok = c.verdict == "confirmed-none-found"
+        for i in c.property_ids:
+            out.append(Row(i, "CrossHair", f"{c.function}, {per_condition_timeout:g} s per condition",
+                           "symbolic paths until timeout", c.seconds, "no counterexample" if ok else c.verdict.upper(),
+                           ok, c.detail))
+    return out
+
+
+def uncovered(rows: list[Row]) -> list[str]:
+    """IDs of the design that no passing obligation covers."""
+    covered = {r.property_id for r in rows if r.ok and r.method in ("model check", "Hypothesis", "CrossHair")}
+    return [i for i in ALL_IDS if i not in covered]
+
+
+def run_all(deep: bool = False, crosshair: bool = True, examples: int = 100,
+            progress: Callable[[str], None] | None = None) -> list[Row]:
+    say = progress or (lambda _: None)
+    start = time.perf_counter()
+    rows: list[Row] = []
+    scope = DEEP_SCOPE if deep else CI_SCOPE
+    say(f"model check: {scope.describe()}")
+    rows += model_rows(scope, max_states=5_000_000 if deep else 500_000)
+    say("model check of the seed-bug mutants")
+    rows += mutant_rows(MUTANT_SCOPE)
+    say("Hypothesis machines on the reference")
+    rows += machine_rows(examples * (5 if deep else 1))
+    if crosshair:
+        say("CrossHair contracts")
+        rows += crosshair_rows(per_condition_timeout=10.0 if deep else 3.0, total_timeout=600.0 if deep else 150.0)
+    say(f"done in {time.perf_counter() - start:.0f} s")
+    return rows
