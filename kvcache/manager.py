@@ -47,6 +47,7 @@ from spec.types import (
 class Holding:
     path: list[Node]
     private: list[GpuBlock]
+    filling: int = 0  # swap-ins and prefetches still filling this request's table
 
 
 @dataclass(frozen=True)
@@ -188,11 +189,12 @@ class CacheManager:
         for n in path:
             self._take_ref(n, now)
         swap = self._start_swap_in(r, cpu_run, swap_dests, now)
-        self.requests[r] = Holding(path + cpu_run, list(fetch_dests))
+        held = self.requests[r] = Holding(path + cpu_run, list(fetch_dests), filling=bool(swap))
         prefetch = None
         if fetch:
             prefetch = self._new_id()
             self.jobs[prefetch] = PrefetchJob(prefetch, r, list(zip(fetch, fetch_dests)))
+            held.filling += 1
         return MatchReport(len(path), tuple(swap_dests), tuple(fetch_dests), swap, prefetch)
 
     def _cpu_run(self, node: Node, hashes: Sequence[BlockHash], budget: int) -> list[Node]:
@@ -243,10 +245,7 @@ class CacheManager:
 
     def ready(self, r: RequestId) -> bool:
         """No block of r's table is still being filled by a swap-in or a prefetch."""
-        held = self._holding(r)
-        if any(not isinstance(n.tier, OnGpu) for n in held.path):
-            return False
-        return not any(isinstance(j, PrefetchJob) and j.request == r for j in self.jobs.values())
+        return self._holding(r).filling == 0
 
     def table(self, r: RequestId) -> list[GpuBlock]:
         held = self._holding(r)
@@ -419,6 +418,8 @@ class CacheManager:
             raise InvalidOutcome(t, f"partial({outcome.done}) of {len(job.items)} items")
         done = succeeded(outcome, len(job.items))
         del self.jobs[t]
+        if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None:
+            self.requests[job.request].filling -= 1
         if isinstance(job, SwapOutJob):
             self._finish_swap_out(job, done)
         elif isinstance(job, SwapInJob):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from spec.types import RequestId
+from spec.types import BlockHash, RequestId
 from spec.scheduler import Status
 
 
@@ -33,3 +33,4 @@ class Request:
     blocks: int = 0  # length of its block table while running
     preemptions: int = 0
     history: list[Status] = field(default_factory=list)
+    hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, kept as they fill

@@ -24,7 +24,7 @@ from kvcache.manager import CacheManager, MatchReport
 from kvcache.transfers import PrefetchJob
 from kvcache.storage import StorageError
 from scheduler.request import Request, WritePolicy
-from spec.hashing import block_hashes
+from spec.hashing import block_hash
 from spec.scheduler import EXITED, Status
 from spec.types import BlockHash, Error, Outcome, RequestId, Timeout, TransferId
 
@@ -84,7 +84,14 @@ class ResourceManager:
         return -(-tokens // self.block_size)
 
     def hashes(self, r: RequestId) -> tuple[BlockHash, ...]:
-        return block_hashes(self.requests[r].tokens, self.block_size)
+        """Chained hashes of r's full blocks, extended as decode fills blocks."""
+        req = self.requests[r]
+        full = len(req.tokens) // self.block_size
+        while len(req.hashes) < full:
+            i = len(req.hashes)
+            parent = req.hashes[-1] if req.hashes else None
+            req.hashes.append(block_hash(parent, req.tokens[i * self.block_size : (i + 1) * self.block_size]))
+        return tuple(req.hashes[:full])
 
     def _known(self, r: RequestId) -> Request:
         req = self.requests.get(r)
