@@ -33,6 +33,7 @@ class Mutant:
     kills: frozenset[str]  # property IDs whose violation counts as the kill
     cache_class: type[CacheManager] = CacheManager
     scheduler_class: type[ResourceManager] | None = None  # set: a scheduler-level mutant
+    bookkeeping: bool = True  # False: the machine checks INV-CONTENT alone
 
     @property
     def level(self) -> str:
@@ -267,7 +268,12 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            "an answer for an ended transfer frees that transfer's blocks again",
            frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),
 )
-MUTANTS: tuple[Mutant, ...] = CACHE_MUTANTS + SCHEDULER_MUTANTS
+CONTENT_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("recycle-listed-content", 9, "Block recycled while listed, seen through the KV bytes alone",
+           "recycle-listed's commit, with every bookkeeping check of the machine switched off",
+           frozenset({"INV-CONTENT"}), RecycleListed, ResourceManager, bookkeeping=False),
+)
+MUTANTS: tuple[Mutant, ...] = CACHE_MUTANTS + SCHEDULER_MUTANTS + CONTENT_MUTANTS
 
 
 def by_name(name: str) -> Mutant:

@@ -3,7 +3,8 @@ preempted, finish and abort, while storage and swap I/O fail in every way the fa
 model allows. The fault of each I/O call is a rule argument, so shrinking minimises
 the faults too.
 
-After every step: every cache invariant, INV-REQUEST and LIVE-TRANSFER; after every
+The KV data moves through real block pools (numpy, or KV_BACKEND). After every
+step: every cache invariant, INV-REQUEST, LIVE-TRANSFER and INV-CONTENT; after every
 exit (finish, abort, preempt, including those the scheduler makes itself): LIVE-EXIT.
 Teardown: LIVE-DRAIN. Subclass and set `scheduler_class` to check a mutant.
 """
@@ -29,7 +30,9 @@ from kvcache.errors import (
 from kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults
 from kvcache.manager import CacheManager
 from kvcache.storage import MemoryStorage
+from kvcache.pool import default_backend, make_pool
 from oracle.cache_machine import PROMPTS, Tally
+from scheduler.content import KVPools, inv_content
 from oracle.violations import PropertyViolated
 from scheduler.request import WritePolicy
 from scheduler.resource_manager import ResourceManager
@@ -71,11 +74,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     timeout = 4
     fault_rate = 0.3
     write_policy = WritePolicy.ON_FINISH_AND_PREEMPT
+    kv_backend = ""  # "" : KV_BACKEND from the environment (numpy when unset)
+    bookkeeping = True  # False: check INV-CONTENT alone (shows the bytes catch what counters miss)
     tally = Tally()
 
     def __init__(self) -> None:
         super().__init__()
         self.plan = ScriptedFaults()
+        backend = self.kv_backend or default_backend()
+        pools = KVPools(
+            make_pool(backend, "cpu", self.gpu_blocks, self.block_size, 1, 8),
+            make_pool(backend, "cpu", self.cpu_blocks, self.block_size, 1, 8),
+        )
         self.rm = self.scheduler_class(
             self.cache_class(self.gpu_blocks, self.cpu_blocks),
             FaultyStorage(MemoryStorage(), self.plan),
@@ -83,6 +93,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             block_size=self.block_size,
             write_policy=self.write_policy,
             timeout=self.timeout,
+            pools=pools,
         )
         self.next_request = 0
         self.injected = 0
@@ -116,6 +127,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             escaped = e
         self.plan.clear()
         self._count(name)
+        found = self._content()
+        if self.bookkeeping:
+            found = self._bookkeeping(name, before, statuses, exiting, escaped) + found
+        if found:
+            raise PropertyViolated(name, found)
+
+    def _bookkeeping(self, name: str, before: SchedulerState, statuses: dict[RequestId, Status],
+                     exiting: Sequence[RequestId], escaped: BaseException | None) -> list[Violation]:
         after = self.state()
         found = check_invariants(self.rm.cache) + inv_request(after) + live_transfer(after)
         for r, q in self.rm.requests.items():
@@ -126,8 +145,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                 found.append(Violation("LIVE-EXIT", f"request {r} is still running after {name}"))
         if escaped is not None:
             found.append(Violation("LIVE-EXIT", f"{name} raised {escaped!r}: its exit path was cut short"))
-        if found:
-            raise PropertyViolated(name, found)
+        return found
+
+    def _content(self) -> list[Violation]:
+        rm = self.rm
+        assert rm.pools is not None
+        ready = [r for r in rm.running if rm.cache.ready(r)]
+        return inv_content(rm.cache, rm.pools, {r: (list(rm.cache.table(r)), rm.seeds(r)) for r in ready})
 
     def _count(self, name: str) -> None:
         t = type(self).tally

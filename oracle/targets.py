@@ -24,6 +24,7 @@ class Target:
             attrs["cache_class"] = self.mutant.cache_class
             if self.mutant.scheduler_class is not None:
                 attrs["scheduler_class"] = self.mutant.scheduler_class
+                attrs["bookkeeping"] = self.mutant.bookkeeping
         base = CacheMachine if self.level == "cache" else SchedulerMachine
         return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (base,), attrs)
 

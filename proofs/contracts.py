@@ -5,27 +5,35 @@ Contract style: plain `assert` statements, checked with
 asserts (its preconditions); any assert that fails after them is a counterexample.
 Chosen over PEP 316 docstrings (icontract and deal are not installed) because the
 conditions stay ordinary Python: `mypy --strict` checks them, they run on every
-concrete call (tests/test_contracts.py executes them on real cases), and a failing
-postcondition names its property ID in the message CrossHair prints. The cost:
-`python -O` strips asserts, so never run these checks with -O.
+concrete call (tests/test_contracts.py executes them on real cases), they can call
+shared helpers (a seed-bug variant reuses its correct twin's postcondition), and a
+failing postcondition names its property ID in the message CrossHair prints. The
+cost: `python -O` strips asserts, so never run these checks with -O.
 
 CrossHair runs C code such as heapq concretely and stalls on unbounded recursion
 over symbolic trees, so spec/ and kvcache/ are not contracted directly. Each
-function below named `*_kernel`, or documented as a mirror, restates the logic of
-one function there over plain lists of small ints, with loops bounded by the input
+`*_kernel` function (and path_to) restates the logic of one function there, named
+in its docstring, over plain lists of small ints with loops bounded by the input
 lengths. tests/test_contracts.py compares each kernel with the real code on
-concrete cases so that it cannot drift silently. Preconditions cap every list at
-MAX_BLOCKS elements. CrossHair never proves: a pass means it found no
-counterexample within its per-condition timeout over those small inputs.
+concrete cases so that it cannot drift silently.
+
+CrossHair never proves: a pass means it found no counterexample within its
+per-condition timeout, over inputs the preconditions keep small (MAX_BLOCKS,
+HEAP_NODES). Small matters: with 3 heap nodes instead of 2, CrossHair missed a
+planted LRU-order bug for 40 s; with 2 it finds it in about 5 s. For the same
+reason exit_request fixes the layout of the block ids (ids are interchangeable)
+and loops over the storage outcomes concretely instead of searching for them.
 
 GPU blocks are the indexes of an owner map, a list of owner codes (below).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
-MAX_BLOCKS = 4  # every list a precondition admits is at most this long
+MAX_BLOCKS = 4  # blocks (and list lengths) the preconditions admit
+HEAP_NODES = 2  # nodes of a tier, and entries of its heap, the heap contracts admit
 
 # Who owns a GPU block (spec.types.Owner, narrowed to what an exit can change).
 FREE, NODE, REQUEST, WRITE, OTHER = 0, 1, 2, 3, 4
@@ -35,6 +43,7 @@ OWNER_NAMES = ("free", "node", "request", "write", "other")
 
 # How the storage write of an exit ends (spec.types.Outcome, plus RAISE: the call raises).
 OK, ERROR, PARTIAL, TIMEOUT, RAISE = 0, 1, 2, 3, 4
+OUTCOME_NAMES = ("ok", "error", "partial", "timeout", "raise")
 
 Heap = list[tuple[int, int]]  # LRU heap entries (stamp, node), see below
 
@@ -166,12 +175,7 @@ def refcounts(parent: list[int], holders: list[int]) -> list[int]:
 
 def _refs_ok(parent: list[int], holders: list[int]) -> bool:
     n = len(parent)
-    return (
-        n <= MAX_BLOCKS
-        and len(holders) <= 3
-        and all(-1 <= parent[i] < i for i in range(n))
-        and all(-1 <= leaf < n for leaf in holders)
-    )
+    return all(-1 <= parent[i] < i for i in range(n)) and all(-1 <= leaf < n for leaf in holders)
 
 
 def _check_refs(parent: list[int], ref: list[int], holders: list[int]) -> None:
@@ -299,7 +303,7 @@ def heap_violation(
 
 def _heap_shape(heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]) -> bool:
     n = len(alive)
-    return len(heap) <= 3 and n <= 3 and len(in_heap) == n and len(evictable) == n and len(last) == n
+    return len(heap) <= HEAP_NODES and n <= HEAP_NODES and len(in_heap) == len(evictable) == len(last) == n
 
 
 def _dead_not_evictable(alive: list[bool], evictable: list[bool]) -> bool:
@@ -328,13 +332,14 @@ def _check_pop(
     v = heap_violation(out, flags, alive, evictable, last, exempt=found)
     assert not v, v
     if found < 0:
-        assert not any(alive[n] and evictable[n] for n in range(len(alive))), "LIVE-EVICT: an evictable node was not found"
+        evictable_left = any(alive[n] and evictable[n] for n in range(len(alive)))
+        assert not evictable_left, "LIVE-EVICT: an evictable node was not found"
         return
     assert alive[found] and evictable[found], f"INV-HEAP-SOUND: popped node {found} is not evictable"
     assert not flags[found] and all(m != found for _, m in out), f"popped node {found} is still in the heap"
     for n in range(len(alive)):
         if alive[n] and evictable[n]:
-            assert last[found] <= last[n], f"LRU: popped node {found} was used after node {n}"
+            assert last[found] <= last[n], f"LRU order: popped node {found} was used after node {n}"
 
 
 def heap_pop(
@@ -372,12 +377,22 @@ class ExitResult(NamedTuple):
     stored: int  # how many written blocks storage confirmed
 
 
+ExitKernel = Callable[[list[int], list[int], list[int], list[int], int, int, bool], ExitResult]
+
+
 def _stored(outcome: int, written: int, done: int) -> int:
     """spec.types.succeeded; a raise is an error answer."""
     return written if outcome == OK else done if outcome == PARTIAL else 0
 
 
-def _end_write(owner: list[int], pins: list[int], written: list[int], adopted: list[int]) -> tuple[list[int], list[int]]:
+def _pending(outcome: int, late: bool) -> bool:
+    """The write is still in flight at the end of the exit step."""
+    return outcome == TIMEOUT or (late and outcome != RAISE)
+
+
+def _end_write(
+    owner: list[int], pins: list[int], written: list[int], adopted: list[int]
+) -> tuple[list[int], list[int]]:
     """Mirrors CacheManager._finish_write / spec.actions.complete of a StorageWrite:
     whatever the outcome, unpin what the write read and free what it adopted."""
     own, pin = list(owner), list(pins)
@@ -409,7 +424,7 @@ def exit_kernel(
             own[g] = FREE
     end_own, end_pin = _end_write(own, pin, written, adopted)
     stored = _stored(outcome, len(written), done)
-    if outcome == TIMEOUT or (late and outcome != RAISE):
+    if _pending(outcome, late):
         return ExitResult(own, pin, end_own, end_pin, stored)
     return ExitResult(end_own, end_pin, end_own, end_pin, stored)
 
@@ -427,15 +442,16 @@ def exit_kernel_seed_bug_b(
     return ExitResult(own, list(pins), list(own), list(pins), _stored(outcome, len(written), done))
 
 
-def _exit_ok(
-    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int], outcome: int, done: int
+def exit_precondition(
+    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int]
 ) -> bool:
-    """The exit's precondition: the request's private tail is exactly the blocks it
-    owns, unpinned (spec.actions.release); its path's blocks belong to nodes; the
-    write reads blocks of its table; no block is already adopted by this exit's write."""
+    """When an exit may start (spec.actions.release): the request's private tail is
+    exactly the blocks it owns, unpinned; its path's blocks belong to nodes; free blocks
+    are unpinned; the write reads blocks of its table; nothing is adopted yet."""
     n = len(owner)
     return (
-        all(FREE <= o <= OTHER and o != WRITE for o in owner)
+        len(pins) == n
+        and all(FREE <= o <= OTHER and o != WRITE for o in owner)
         and all(p >= 0 for p in pins)
         and all(pins[g] == 0 for g in range(n) if owner[g] == FREE)
         and _distinct(private) and _in_range(private, n)
@@ -445,59 +461,76 @@ def _exit_ok(
         and all(owner[g] == NODE for g in path)
         and _distinct(written)
         and all(g in private or g in path for g in written)
-        and FREE <= outcome <= RAISE
-        and (outcome != PARTIAL or 0 <= done <= len(written))
     )
 
 
-def _check_exit(
+def check_exit(
     owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
     outcome: int, done: int, late: bool, result: ExitResult,
 ) -> None:
+    """The exit's postcondition. LIVE-EXIT: every private block of the request is free,
+    or adopted by the write while it is still in flight, and free once it ends.
+    INV-CONSERVE: no other block changes owner (the path's stay with their nodes), and
+    the free blocks grow by exactly the request's private ones. INV-PIN: no free block
+    is pinned. LIVE-TRANSFER: the write ends leaving no pin and nothing adopted."""
     step, end = result.owner_step, result.owner_end
-    pending = outcome == TIMEOUT or (late and outcome != RAISE)
+    how = f"on {OUTCOME_NAMES[outcome]}{' (late)' if late else ''}"
     for g in range(len(owner)):
         if g in private:
-            assert step[g] == FREE or (step[g] == WRITE and pending and g in written), (
-                f"LIVE-EXIT: block {g} of the request is {OWNER_NAMES[step[g]]} after the exit step"
+            assert step[g] == FREE or (step[g] == WRITE and _pending(outcome, late) and g in written), (
+                f"LIVE-EXIT: {how}, block {g} of the request is {OWNER_NAMES[step[g]]} after the exit step"
             )
-            assert end[g] == FREE, f"LIVE-EXIT: block {g} of the request is {OWNER_NAMES[end[g]]} after the write"
+            assert end[g] == FREE, f"LIVE-EXIT: {how}, block {g} of the request is {OWNER_NAMES[end[g]]} at the end"
         else:
             assert step[g] == owner[g] and end[g] == owner[g], (
-                f"INV-CONSERVE: block {g} changed owner from {OWNER_NAMES[owner[g]]} though not the request's"
+                f"INV-CONSERVE: {how}, block {g}, not the request's, changed owner from {OWNER_NAMES[owner[g]]}"
             )
-        assert not (step[g] == FREE and result.pins_step[g] > 0), f"INV-PIN: block {g} is free while pinned"
-    assert result.pins_end == pins, f"INV-PIN: pins {result.pins_end} after the write, {pins} before"
-    assert _count(end, FREE) == _count(owner, FREE) + len(private), "INV-CONSERVE: the request's blocks were not all returned"
-    assert result.stored == _stored(outcome, len(written), done), f"storage confirmed {result.stored} blocks"
+        assert not (step[g] == FREE and result.pins_step[g] > 0), f"INV-PIN: {how}, block {g} is free while pinned"
+    assert result.pins_end == pins, f"LIVE-TRANSFER: {how}, pins {result.pins_end} after the write, {pins} before"
+    assert _count(end, FREE) == _count(owner, FREE) + len(private), f"INV-CONSERVE: {how}, blocks went missing"
+    assert result.stored == _stored(outcome, len(written), done), f"{how}: storage confirmed {result.stored} blocks"
 
 
-def exit_request(
-    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
-    outcome: int, done: int, late: bool,
-) -> ExitResult:
-    """LIVE-EXIT, INV-CONSERVE, INV-PIN, LIVE-TRANSFER: after finish, abort or preempt,
-    whatever the storage write does (ok, error, partial(k), timeout, raise; at once or
-    late), every private block of the request is free or adopted by the write still in
-    flight, freed when the write ends; path blocks stay with their nodes; no other block
-    changes owner; the write leaves no pin behind. `written` is empty for an exit
-    whose write policy writes nothing (abort always)."""
-    assert len(owner) <= MAX_BLOCKS and len(pins) == len(owner) and len(written) <= len(owner)
-    assert len(private) <= len(owner) and len(path) <= len(owner)
-    assert _exit_ok(owner, pins, private, path, written, outcome, done)
-    result = exit_kernel(owner, pins, private, written, outcome, done, late)
-    _check_exit(owner, pins, private, path, written, outcome, done, late, result)
-    return result
+def _every_outcome(
+    kernel: ExitKernel, n_path: int, n_private: int, others: list[int], pins: list[int], written: list[bool]
+) -> None:
+    """Lay the blocks out (path, then private, then the others) and check the exit on
+    every outcome the storage write can have, at once or late."""
+    owner = [NODE] * n_path + [REQUEST] * n_private + others
+    path = list(range(n_path))
+    private = list(range(n_path, n_path + n_private))
+    table = [g for g in range(n_path + n_private) if written[g]]
+    for outcome in (OK, ERROR, PARTIAL, TIMEOUT, RAISE):
+        for done in range(len(table) + 1) if outcome == PARTIAL else [0]:
+            for late in (False, True):
+                result = kernel(owner, pins, private, table, outcome, done, late)
+                check_exit(owner, pins, private, path, table, outcome, done, late, result)
+
+
+def exit_request(n_path: int, n_private: int, others: list[int], pins: list[int], written: list[bool]) -> None:
+    """LIVE-EXIT, INV-CONSERVE, INV-PIN, LIVE-TRANSFER (see check_exit): after finish,
+    abort or preempt, whatever the storage write does. The request's table is n_path
+    node blocks then n_private private ones; `others` are the owners (free, node or
+    other) of the remaining blocks; `written` says which blocks of the table the write
+    reads (none for an exit whose write policy writes nothing, as abort). Block ids are
+    interchangeable (the kernel only indexes and compares them), so this one layout
+    stands for every other; it keeps CrossHair's search small. The outcomes are looped
+    over concretely: every one of them is checked on every path CrossHair explores."""
+    assert 0 <= n_path and 0 <= n_private and n_path + n_private + len(others) <= MAX_BLOCKS
+    assert len(pins) == n_path + n_private + len(others) and len(written) == n_path + n_private
+    assert all(o in (FREE, NODE, OTHER) for o in others) and all(p >= 0 for p in pins)
+    assert all(pins[g] == 0 for g in range(n_path, n_path + n_private))
+    assert all(pins[n_path + n_private + i] == 0 for i in range(len(others)) if others[i] == FREE)
+    _every_outcome(exit_kernel, n_path, n_private, others, pins, written)
 
 
 def exit_request_seed_bug_b(
-    owner: list[int], pins: list[int], private: list[int], path: list[int], written: list[int],
-    outcome: int, done: int, late: bool,
-) -> ExitResult:
+    n_path: int, n_private: int, others: list[int], pins: list[int], written: list[bool]
+) -> None:
     """exit_request's contract over seed bug b's exit: CrossHair must find it broken."""
-    assert len(owner) <= MAX_BLOCKS and len(pins) == len(owner) and len(written) <= len(owner)
-    assert len(private) <= len(owner) and len(path) <= len(owner)
-    assert _exit_ok(owner, pins, private, path, written, outcome, done)
-    result = exit_kernel_seed_bug_b(owner, pins, private, written, outcome, done, late)
-    _check_exit(owner, pins, private, path, written, outcome, done, late, result)
-    return result
+    assert 0 <= n_path and 0 <= n_private and n_path + n_private + len(others) <= MAX_BLOCKS
+    assert len(pins) == n_path + n_private + len(others) and len(written) == n_path + n_private
+    assert all(o in (FREE, NODE, OTHER) for o in others) and all(p >= 0 for p in pins)
+    assert all(pins[g] == 0 for g in range(n_path, n_path + n_private))
+    assert all(pins[n_path + n_private + i] == 0 for i in range(len(others)) if others[i] == FREE)
+    _every_outcome(exit_kernel_seed_bug_b, n_path, n_private, others, pins, written)

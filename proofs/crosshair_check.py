@@ -86,7 +86,8 @@ def parse(output: str, returncode: int, per_condition_timeout: float) -> tuple[s
         return NONE_FOUND, (
             f"no counterexample in {analysed} condition(s) within {per_condition_timeout:g} s each (not a proof)"
         )
-    return ERROR, f"crosshair exited {returncode}: " + (output.strip() or "no output")
+    last = output.strip().splitlines()[-3:]  # a traceback's last lines name the problem
+    return ERROR, f"crosshair exited {returncode}: " + (" / ".join(line.strip() for line in last) or "no output")
 
 
 def check_one(function: str, per_condition_timeout: float, wall_limit: float) -> ContractResult:
@@ -102,7 +103,8 @@ def check_one(function: str, per_condition_timeout: float, wall_limit: float) ->
             capture_output=True, text=True, timeout=wall_limit,
         )
     except subprocess.TimeoutExpired:
-        return ContractResult(name, ids, ERROR, f"killed after {wall_limit:.0f} s wall clock", time.monotonic() - start)
+        seconds = time.monotonic() - start
+        return ContractResult(name, ids, ERROR, f"killed after {wall_limit:.0f} s wall clock", seconds)
     verdict, detail = parse(done.stdout + done.stderr, done.returncode, per_condition_timeout)
     return ContractResult(name, ids, verdict, detail, time.monotonic() - start)
 
@@ -121,7 +123,8 @@ def check(
         left = deadline - time.monotonic()
         if left <= 1.0:
             ids = OBLIGATIONS.get(name) or SEED_BUGS.get(name) or ()
-            results.append(ContractResult(name, ids, ERROR, f"not run: the total of {total_timeout:g} s was spent", 0.0))
+            spent = f"not run: the total of {total_timeout:g} s was spent"
+            results.append(ContractResult(name, ids, ERROR, spent, 0.0))
             continue
         results.append(check_one(name, per_condition_timeout, min(per_target, left)))
     return results

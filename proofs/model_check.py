@@ -20,6 +20,7 @@ within a bound; the longest drain is reported). A violation prints the shortest 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -345,6 +346,12 @@ class _Renamer:
         return self.names.setdefault(b, len(self.names))
 
 
+def digest(m: MState) -> bytes:
+    """A 128-bit name of m's canonical form: what the search stores per state (a few
+    dozen bytes instead of the whole tuple; a collision is a 2^-128 event per pair)."""
+    return hashlib.blake2b(repr(canonical(m)).encode(), digest_size=16).digest()
+
+
 def canonical(m: MState) -> tuple[object, ...]:
     s = m.cache
     g, c = _Renamer(), _Renamer()
@@ -464,19 +471,19 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
     model = Model(scope, MUTATIONS[mutation] if mutation else Mutation())
     start = time.perf_counter()
     first = relabel(model.initial())
-    parents: dict[tuple[object, ...], tuple[tuple[object, ...] | None, str]] = {canonical(first): (None, "init")}
+    parents: dict[bytes, tuple[bytes | None, str]] = {digest(first): (None, "init")}
     queue: deque[MState] = deque([first])
-    drains: dict[tuple[object, ...], int] = {}
+    drains: dict[bytes, int] = {}
     transitions = 0
     longest = 0
 
-    def fail(key: tuple[object, ...], found: list[Violation]) -> Report:
+    def fail(key: bytes, found: list[Violation]) -> Report:
         return Report(scope, mutation, len(parents), transitions, time.perf_counter() - start, longest, found,
                       _trace(parents, key), True)
 
     while queue:
         m = queue.popleft()
-        key = canonical(m)
+        key = digest(m)
         found = model.violations(m)
         if found:
             return fail(key, found)
@@ -488,9 +495,9 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             transitions += 1
             exit_found = model.exit_violations(label, m, nxt)
             if exit_found:
-                parents.setdefault(canonical(nxt), (key, label))
-                return fail(canonical(nxt), exit_found)
-            k = canonical(nxt)  # label-invariant: relabel only the states kept
+                parents.setdefault(digest(nxt), (key, label))
+                return fail(digest(nxt), exit_found)
+            k = digest(nxt)  # label-invariant: relabel only the states kept
             if k not in parents:
                 parents[k] = (key, label)
                 queue.append(relabel(nxt))
@@ -501,13 +508,13 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
     return Report(scope, mutation, len(parents), transitions, time.perf_counter() - start, longest, [], [], True)
 
 
-def _drain(model: Model, m: MState, memo: dict[tuple[object, ...], int], bound: int) -> int:
+def _drain(model: Model, m: MState, memo: dict[bytes, int], bound: int) -> int:
     """Steps the drain takes from m to all-free, or -1 if it gets stuck or exceeds `bound`."""
-    path: list[tuple[object, ...]] = []
+    path: list[bytes] = []
     cur: MState | None = m
     result = -1
     while cur is not None:
-        key = canonical(cur)
+        key = digest(cur)
         if key in memo:
             result = memo[key] if memo[key] < 0 else memo[key] + len(path)
             break
@@ -526,9 +533,9 @@ def _drain(model: Model, m: MState, memo: dict[tuple[object, ...], int], bound: 
     return result
 
 
-def _trace(parents: dict[tuple[object, ...], tuple[tuple[object, ...] | None, str]], key: tuple[object, ...]) -> list[str]:
+def _trace(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> list[str]:
     out: list[str] = []
-    cur: tuple[object, ...] | None = key
+    cur: bytes | None = key
     while cur is not None:
         prev, label = parents[cur]
         if prev is not None:

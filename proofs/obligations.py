@@ -18,7 +18,7 @@ MODEL_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF
              "INV-HEAP-COMPLETE", "INV-REQUEST", "LIVE-EXIT", "LIVE-EVICT", "LIVE-DRAIN")
 CACHE_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN",
                      "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS", "LIVE-EVICT", "LIVE-DRAIN")
-SCHEDULER_MACHINE_IDS = ("INV-REQUEST", "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-DRAIN")
+SCHEDULER_MACHINE_IDS = ("INV-REQUEST", "INV-CONTENT", "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-DRAIN")
 ALL_IDS = tuple(PROPERTIES)
 CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=1)
 MUTANT_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)

@@ -21,12 +21,13 @@ from kvcache.errors import (
 )
 from kvcache.faults import Answer, FaultyCopier, FaultyStorage, Reply, SwapError
 from kvcache.manager import CacheManager, MatchReport
-from kvcache.transfers import PrefetchJob
+from kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob
 from kvcache.storage import StorageError
+from scheduler.content import KVPools, block_seeds
 from scheduler.request import Request, WritePolicy
 from spec.hashing import block_hash
 from spec.scheduler import EXITED, Status
-from spec.types import BlockHash, Error, Outcome, RequestId, Timeout, TransferId
+from spec.types import BlockHash, Error, GpuBlock, Outcome, RequestId, Timeout, TransferId, succeeded
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ResourceManager:
         block_size: int,
         write_policy: WritePolicy = WritePolicy.ON_FINISH,
         timeout: int = 4,
+        pools: KVPools | None = None,
     ) -> None:
         if block_size < 1 or timeout < 1:
             raise ValueError(f"block_size and timeout must be >= 1, got {block_size} and {timeout}")
@@ -77,6 +79,8 @@ class ResourceManager:
         self._seq = 0
         self._admissions = 0
         self.stats = Stats()
+        self.pools = pools  # when set, every copy the lifecycle implies moves real bytes
+        self._reads: dict[TransferId, list[bytes]] = {}  # prefetched data awaiting its answer
 
     # --- bookkeeping helpers --------------------------------------------------------
 
@@ -92,6 +96,18 @@ class ResourceManager:
             parent = req.hashes[-1] if req.hashes else None
             req.hashes.append(block_hash(parent, req.tokens[i * self.block_size : (i + 1) * self.block_size]))
         return tuple(req.hashes[:full])
+
+    def seeds(self, r: RequestId) -> list[int]:
+        """The content seed of each position of r's table (see scheduler/content.py)."""
+        req = self.requests[r]
+        return block_seeds(req.tokens, self.hashes(r), self.block_size, req.blocks)
+
+    def _fill(self, r: RequestId, positions: Sequence[int]) -> None:
+        """Compute (prefill or recompute) the KV data of these table positions."""
+        if self.pools is None or not positions:
+            return
+        table, seeds = self.cache.table(r), self.seeds(r)
+        self.pools.gpu.fill([table[i] for i in positions], [seeds[i] for i in positions])
 
     def _known(self, r: RequestId) -> Request:
         req = self.requests.get(r)
@@ -139,6 +155,7 @@ class ResourceManager:
             req.blocks += 1
             self.stats.block_ops += 1
         req.tokens.append(1 + (len(req.tokens) + r) % 2)
+        self._fill(r, [req.blocks - 1])  # the last block now holds one more token
 
     def _reserve(self, need: int, grower: RequestId) -> bool:
         """Make `need` GPU blocks free for `grower`: evict, then preempt running
@@ -179,6 +196,7 @@ class ResourceManager:
         rep = self.cache.match(r, hashes, limit=need)
         self.cache.allocate(r, blocks - len(self.cache.table(r)))
         self._started_running(req, blocks, rep)
+        self._fill(r, range(rep.hits, blocks))  # prefill what no tier had
         self._start_fills(r, rep)
         return True
 
@@ -201,7 +219,12 @@ class ResourceManager:
             job = self.cache.jobs[rep.prefetch]
             assert isinstance(job, PrefetchJob)
             wanted = [h for h, _ in job.items]
-            self._start(rep.prefetch, lambda: self.storage.read(wanted)[0])
+            self._start(rep.prefetch, lambda: self._read(job.id, wanted))
+
+    def _read(self, t: TransferId, wanted: list[BlockHash]) -> Reply:
+        reply, data = self.storage.read(wanted)
+        self._reads[t] = data
+        return reply
 
     # --- exits -----------------------------------------------------------------------
 
@@ -245,7 +268,7 @@ class ResourceManager:
             rep = self.cache.release(r, write)
             self.running.remove(r)
             if rep.write is not None:
-                items = [(h, payload(h)) for h, _ in rep.writes]
+                items = self._payloads(rep.writes)
                 self._start(rep.write, lambda: self.storage.write(items))
         else:
             self.waiting.remove(r)
@@ -259,6 +282,11 @@ class ResourceManager:
             self.stats.finished += 1
         else:
             self.stats.aborted += 1
+
+    def _payloads(self, writes: Sequence[tuple[BlockHash, GpuBlock]]) -> list[tuple[BlockHash, bytes]]:
+        if self.pools is None:
+            return [(h, payload(h)) for h, _ in writes]
+        return [(h, self.pools.gpu.read(g)) for h, g in writes]
 
     # --- transfers: start, answers, timeouts ---------------------------------------------
 
@@ -281,11 +309,34 @@ class ResourceManager:
     def _deliver(self, t: TransferId, outcome: Outcome) -> None:
         """An answer arrives. One for a transfer that already ended (late, duplicate, or
         after its timeout) is recognised and ignored: it touches no block."""
-        if t not in self.cache.jobs:
+        job = self.cache.jobs.get(t)
+        if job is None:
             self.stats.stale_answers += 1
             return
+        done = succeeded(outcome, len(job.items))
+        self._move(job, done)
         self.cache.complete(t, outcome)
         self.started.pop(t, None)
+        self._reads.pop(t, None)
+        if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None and done < len(job.items):
+            self._recompute(job.request, {g for *_, g in job.items[done:]})
+
+    def _move(self, job: Job, done: int) -> None:
+        """The bytes of the items that the answer says arrived."""
+        p = self.pools
+        if p is None or done == 0:
+            return
+        if isinstance(job, SwapOutJob):
+            p.gpu.copy_to(p.cpu, [g for _, g, _ in job.items[:done]], [c for *_, c in job.items[:done]])
+        elif isinstance(job, SwapInJob):
+            p.cpu.copy_to(p.gpu, [c for _, c, _ in job.items[:done]], [g for *_, g in job.items[:done]])
+        elif isinstance(job, PrefetchJob):
+            data = self._reads.get(job.id, [])[:done]
+            p.gpu.write([g for _, g in job.items[: len(data)]], data)
+
+    def _recompute(self, r: RequestId, failed: set[GpuBlock]) -> None:
+        """Blocks a swap-in or prefetch did not fill are computed again."""
+        self._fill(r, [i for i, g in enumerate(self.cache.table(r)) if g in failed])
 
     def tick(self, n: int = 1) -> None:
         """Advance time by n ticks (0: only deliver what is due now), then time out

@@ -14,6 +14,7 @@ SAFETY: dict[str, str] = {
     "INV-PIN": "pin counts equal the transfers reading a block; a pinned block is not free",
     "INV-REQUEST": "each request is in exactly one state; only a running request holds blocks",
     "INV-COUNTERS": "every reported counter equals what the structures hold",
+    "INV-CONTENT": "every block reachable through the tree or a request's table holds its prefix's fingerprint",
 }
 LIVENESS: dict[str, str] = {
     "LIVE-DRAIN": "releasing, completing and evicting everything frees every block, in bounded steps",

@@ -1,0 +1,70 @@
+"""The KV data behind the bookkeeping: which content each block must hold, and INV-CONTENT.
+
+A block at position i of a request's table stands for the token prefix ending in
+block i; its content is `seed_content(seed)`, with seed the chained hash of that
+prefix (a stand-in for the K and V a prefill would compute from it). So a block's
+fingerprint says which prefix it holds, and a block recycled while still listed
+shows up as a wrong fingerprint even when every counter adds up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcache.manager import CacheManager
+from kvcache.pool import BlockPool, seed_fingerprints
+from spec.hashing import block_hash
+from spec.invariants import Violation
+from spec.types import BlockHash, OnCpu, OnGpu, SwappingIn, SwappingOut
+
+
+@dataclass(frozen=True)
+class KVPools:
+    gpu: BlockPool
+    cpu: BlockPool
+
+
+def block_seeds(tokens: list[int], hashes: tuple[BlockHash, ...], block_size: int, blocks: int) -> list[int]:
+    """The content seed of each of a request's `blocks` table positions: the chained
+    hash of its full blocks, and for a partial last block the hash of its tokens so far."""
+    seeds: list[int] = list(hashes[:blocks])
+    for i in range(len(seeds), blocks):
+        parent = BlockHash(seeds[-1]) if seeds else None
+        seeds.append(block_hash(parent, tokens[i * block_size : (i + 1) * block_size], (1,)))
+    return seeds
+
+
+def inv_content(cache: CacheManager, pools: KVPools, tables: dict[int, tuple[list[int], list[int]]]) -> list[Violation]:
+    """INV-CONTENT: every block reachable through the tree or a ready request's table
+    holds the fingerprint of exactly the prefix it stands for.
+
+    `tables` maps each ready running request to (its table, the seeds of its positions)."""
+    gpu_blocks: list[int] = []
+    gpu_seeds: list[int] = []
+    cpu_blocks: list[int] = []
+    cpu_seeds: list[int] = []
+    for node in cache.tree.walk():
+        t = node.tier
+        if isinstance(t, OnGpu | SwappingOut):
+            gpu_blocks.append(t.gpu)
+            gpu_seeds.append(node.hash)
+        if isinstance(t, OnCpu | SwappingIn):
+            cpu_blocks.append(t.cpu)
+            cpu_seeds.append(node.hash)
+    for table, seeds in tables.values():
+        gpu_blocks += table
+        gpu_seeds += seeds
+    out = _compare("GPU", pools.gpu, gpu_blocks, gpu_seeds)
+    return out + _compare("CPU", pools.cpu, cpu_blocks, cpu_seeds)
+
+
+def _compare(tier: str, pool: BlockPool, blocks: list[int], seeds: list[int]) -> list[Violation]:
+    if not blocks:
+        return []
+    have = pool.fingerprints(blocks)
+    want = seed_fingerprints(seeds, pool.block_bytes)
+    return [
+        Violation("INV-CONTENT", f"{tier} block {b} holds {h:#018x}, its prefix needs {w:#018x}")
+        for b, h, w in zip(blocks, have, want)
+        if h != w
+    ]
