@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence, TextIO
 
+from kvcache.pool import BackendUnavailable, default_backend, make_pool
 from oracle.campaign import RunResult, readable, run_machine
 from oracle.mutants import MUTANTS
 from oracle.scheduler_machine import FAULT_RATE
@@ -103,6 +105,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
         return 2
     FAULT_RATE[0] = args.fault_rate
+    if args.kv_backend:
+        os.environ["KV_BACKEND"] = args.kv_backend
+    try:
+        make_pool(default_backend(), "cpu", 1, 2, 1, 8)
+    except BackendUnavailable as e:
+        print(f"kvoracle check: {e}", file=sys.stderr)
+        return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows: list[Row] = []
     for i, t in enumerate(targets):
@@ -162,6 +171,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--fault-rate", type=float, default=0.3,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
     c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
+    c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
+                   help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
     c.set_defaults(func=cmd_check)
     pr = sub.add_parser("prove", help="run every proof obligation and print one table",

@@ -17,7 +17,7 @@ from kvcache.manager import CacheManager, EvictReport, Holding, ReleaseReport
 from kvcache.faults import Reply
 from kvcache.errors import OutOfBlocks
 from kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
-from scheduler.resource_manager import ResourceManager, payload
+from scheduler.resource_manager import ResourceManager
 from spec.scheduler import Status
 from spec.types import Outcome, TransferId
 from kvcache.tree import GPU, Node
@@ -119,7 +119,8 @@ class DuplicateOverwrite(CacheManager):
 class RecycleListed(CacheManager):
     def _insert(self, held: Holding, parent: Node, h: BlockHash, now: int) -> bool:
         if h in self.tree.by_hash:
-            self.gpu.free([held.private[0]])  # "the tree has it already" - but r still lists it
+            if not self.gpu.is_free(held.private[0]):
+                self.gpu.free([held.private[0]])  # "the tree has it already" - but r still lists it
             return False
         return super()._insert(held, parent, h, now)
 
@@ -176,8 +177,8 @@ class _WriteBeforeRelease(ResourceManager):
     def _exit(self, r: RequestId, to: Status) -> None:
         req = self.requests[r]
         if to in self.synchronous_on and req.status is Status.RUNNING and self.write_policy.writes_on(to):
-            hashes = self.hashes(r)[: req.blocks]
-            self.storage.write([(h, payload(h)) for h in hashes])  # raises: nothing below runs
+            writes = list(zip(self.hashes(r)[: req.blocks], self.cache.table(r)))
+            self.storage.write(self._payloads(writes))  # raises: nothing below runs
             self._release(r, to, ())
             return
         super()._exit(r, to)

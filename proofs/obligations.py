@@ -111,6 +111,6 @@ def run_all(deep: bool = False, crosshair: bool = True, examples: int = 100,
     rows += machine_rows(examples * (5 if deep else 1))
     if crosshair:
         say("CrossHair contracts")
-        rows += crosshair_rows(per_condition_timeout=10.0 if deep else 3.0, total_timeout=600.0 if deep else 150.0)
+        rows += crosshair_rows(per_condition_timeout=10.0, total_timeout=600.0)
     say(f"done in {time.perf_counter() - start:.0f} s")
     return rows

@@ -7,6 +7,7 @@ its exit step (LIVE-EXIT) and every transfer ends within `timeout` ticks (LIVE-T
 from __future__ import annotations
 
 import heapq
+from itertools import takewhile
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -314,25 +315,28 @@ class ResourceManager:
             self.stats.stale_answers += 1
             return
         done = succeeded(outcome, len(job.items))
-        self._move(job, done)
+        arrived = self._move(job, done)
         self.cache.complete(t, outcome)
         self.started.pop(t, None)
         self._reads.pop(t, None)
-        if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None and done < len(job.items):
-            self._recompute(job.request, {g for *_, g in job.items[done:]})
+        if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None and arrived < len(job.items):
+            self._recompute(job.request, {g for *_, g in job.items[arrived:]})
 
-    def _move(self, job: Job, done: int) -> None:
-        """The bytes of the items that the answer says arrived."""
+    def _move(self, job: Job, done: int) -> int:
+        """Copy the bytes of the items the answer says arrived; returns how many landed
+        (a prefetched payload of the wrong size ends the run: it is recomputed)."""
         p = self.pools
         if p is None or done == 0:
-            return
+            return done
         if isinstance(job, SwapOutJob):
             p.gpu.copy_to(p.cpu, [g for _, g, _ in job.items[:done]], [c for *_, c in job.items[:done]])
         elif isinstance(job, SwapInJob):
             p.cpu.copy_to(p.gpu, [c for _, c, _ in job.items[:done]], [g for *_, g in job.items[:done]])
         elif isinstance(job, PrefetchJob):
-            data = self._reads.get(job.id, [])[:done]
+            data = list(takewhile(lambda d: len(d) == p.gpu.block_bytes, self._reads.get(job.id, [])[:done]))
             p.gpu.write([g for _, g in job.items[: len(data)]], data)
+            return len(data)
+        return done
 
     def _recompute(self, r: RequestId, failed: set[GpuBlock]) -> None:
         """Blocks a swap-in or prefetch did not fill are computed again."""
