@@ -216,6 +216,7 @@ class LeakyAdmit(ResourceManager):
         except OutOfBlocks:
             return False  # ... and never given back
         self._started_running(req, blocks, rep)
+        self._fill(r, range(rep.hits, blocks))
         self._start_fills(r, rep)
         return True
 
