@@ -59,6 +59,19 @@ def run_machine(
     return RunResult(False, found, steps_found, time.perf_counter() - start)
 
 
+def run_seeds(
+    machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int
+) -> RunResult:
+    """Run seed after seed; stop at the first that finds a violation."""
+    if not seeds:
+        raise ValueError("no seeds to run")
+    for s in seeds:
+        result = run_machine(machine, seed_value=s, examples=examples, steps=steps)
+        if not result.passed:
+            break
+    return result
+
+
 _CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")
 
 

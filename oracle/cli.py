@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence, TextIO
 
 from kvcache.pool import BackendUnavailable, default_backend, make_pool
-from oracle.campaign import RunResult, readable, run_machine
+from oracle.campaign import RunResult, readable, run_seeds
 from oracle.mutants import MUTANTS
 from oracle.scheduler_machine import FAULT_RATE
 from oracle.targets import Target, all_targets, tally_of
@@ -37,14 +37,9 @@ def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int) 
     machine = target.machine()
     if target.level == "scheduler":
         examples = max(1, examples // 2)  # scheduler steps do more work each
-    result: RunResult | None = None
     start = time.perf_counter()
-    for s in seeds:
-        result = run_machine(machine, seed_value=s, examples=examples, steps=steps)
-        if not result.passed:
-            break
+    result = run_seeds(machine, seeds, examples=examples, steps=steps)
     tally = tally_of(machine)
-    assert result is not None
     if target.mutant is None:
         verdict = "pass" if result.passed else "FAIL"
     elif result.passed:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from oracle.campaign import RunResult, readable, run_machine
+from oracle.campaign import RunResult, readable, run_seeds
 from oracle.mutants import MUTANTS, Mutant
 from oracle.targets import Target
 
@@ -23,14 +23,9 @@ SEEDS = range(5)
 
 
 def kill(m: Mutant) -> RunResult:
+    """The campaign that kills m: up to five seeds, stopping at the first kill."""
     machine = Target(m.name, m.level, m).machine()
-    examples = 300 if m.level == "cache" else 150
-    result = run_machine(machine, seed_value=SEEDS[0], examples=examples, steps=100)
-    for s in SEEDS[1:]:
-        if not result.passed:
-            break
-        result = run_machine(machine, seed_value=s, examples=examples, steps=100)
-    return result
+    return run_seeds(machine, SEEDS, examples=300 if m.level == "cache" else 150, steps=100)
 
 
 def render() -> str:

@@ -6,29 +6,18 @@ A run stops at the first seed that kills; the shrunk counterexample is printed
 
 import pytest
 
-from oracle.campaign import RunResult, readable, run_machine
+from oracle.campaign import readable, run_machine
+from oracle.mutant_docs import SEEDS, kill
 from oracle.mutants import MUTANTS, Mutant
 from oracle.targets import Target
 
 # The issues' bounds for the seed bugs; the rest get a generous one.
 MAX_STEPS = {"heap-drop": 8, "write-raise-finish": 6, "write-raise-preempt": 6}
-SEEDS = range(5)
-
-
-def campaign(target: Target) -> RunResult:
-    machine = target.machine()
-    examples = 300 if target.level == "cache" else 150
-    result = run_machine(machine, seed_value=SEEDS[0], examples=examples, steps=100)
-    for s in SEEDS[1:]:
-        if not result.passed:
-            break
-        result = run_machine(machine, seed_value=s, examples=examples, steps=100)
-    return result
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_killed(mutant: Mutant) -> None:
-    result = campaign(Target(mutant.name, mutant.level, mutant))
+    result = kill(mutant)
     assert not result.passed, f"mutant {mutant.name} survived {len(SEEDS)} seeds"
     assert result.first_id in mutant.kills, f"{mutant.name} killed by {result.first_id}, expected {mutant.kills}"
     print(f"\n{mutant.name} killed by {result.first_id} in {len(result.counterexample)} steps:")
