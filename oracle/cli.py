@@ -117,6 +117,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(table(rows))
     if args.show:
         print(show(rows))
+    if args.record:
+        record_trace(args.record, args.record_events, args.seed)
     bad = [r for r in rows if not r.ok]
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)))
@@ -128,6 +130,38 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         print(f"{m.name:<20} {m.level:<9} bug class {m.bug_class:<3} {m.summary}")
         print(f"{'':<31}mutation: {m.mutation}; killed by {' or '.join(sorted(m.kills))}")
     return 0
+
+
+def cmd_check_trace(args: argparse.Namespace) -> int:
+    from oracle.trace import TraceFormatError, check_trace, read_lines
+
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            report = check_trace(read_lines(f))
+    except OSError as e:
+        print(f"kvoracle check-trace: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 2
+    except TraceFormatError as e:
+        print(f"kvoracle check-trace: {args.file}: {e}", file=sys.stderr)
+        return 2
+    if report.passed:
+        print(f"{args.file}: {report.events} events, no violation")
+        return 0
+    print(f"{args.file}: first violation at line {report.line}, after {report.events} events:")
+    for v in report.violations[:8]:
+        print(f"  {v}")
+    print(f"\nthe shortest prefix that shows it ({len(report.prefix)} lines):")
+    for i, line in enumerate(report.prefix, 1):
+        print(f"  {i:>4}  {line if len(line) <= 160 else line[:157] + '...'}")
+    return 1
+
+
+def record_trace(path: str, events: int, seed: int) -> None:
+    from oracle.trace import record
+
+    with open(path, "w", encoding="utf-8") as f:
+        n = record(f, steps=events, seed=seed)
+    print(f"recorded {n} events of the reference cache to {path}")
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -169,7 +203,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
+    c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference cache to FILE")
+    c.add_argument("--record-events", type=int, default=500, help="events in the recorded trace (default 500)")
     c.set_defaults(func=cmd_check)
+    t = sub.add_parser("check-trace", help="check a JSON Lines trace of an engine against the specification",
+                       description="Replays each event of the trace as a spec action with the engine's choices, "
+                                   "checks every invariant and every observed state, and prints the first "
+                                   "violation with the shortest prefix of the trace that shows it (exit 1). "
+                                   "Format: docs/trace.md.")
+    t.add_argument("file", help="the trace file")
+    t.set_defaults(func=cmd_check_trace)
     pr = sub.add_parser("prove", help="run every proof obligation and print one table",
                         description="Runs the bounded model check of spec/ (and of the seed-bug mutants), the "
                                     "Hypothesis machines on the reference and the CrossHair contracts. "

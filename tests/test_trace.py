@@ -1,0 +1,94 @@
+"""Traces: the reference's own trace is valid; a trace with each expressible bug class
+planted is refused with the property it breaks, at the line that shows it."""
+
+import io
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from oracle.trace import TraceFormatError, check_trace, read_lines, record
+from spec.hashing import block_hashes
+
+H1, H2 = block_hashes([1, 1, 2, 2], 2)
+HEAD = json.dumps({"format": "kvoracle-trace", "version": 1, "gpu_blocks": 4, "cpu_blocks": 2})
+GOOD: dict[str, object] = {"gpu_free": [2, 3], "cpu_free": [0, 1], "refcounts": {str(H1): 0, str(H2): 0},
+        "gpu_findable": [H2], "cpu_findable": [],
+        "counters": {"gpu_free": 2, "cpu_free": 2, "gpu_evictable": 1, "cpu_evictable": 0, "gpu_in_use": 2}}
+
+
+def trace(last_observe: dict[str, object] | None = None, extra: Sequence[dict[str, object]] = ()) -> list[str]:
+    """r0 caches two blocks and finishes; the last event reports `last_observe`."""
+    events: list[dict[str, object]] = [
+        {"op": "match", "request": 0, "hashes": [H1, H2]},
+        {"op": "allocate", "request": 0, "blocks": [0, 1]},
+        {"op": "commit", "request": 0, "hashes": [H1, H2]},
+        {"op": "release", "request": 0, "writes": []},
+        *extra,
+    ]
+    if last_observe is not None:
+        events[3]["observe"] = last_observe
+    return [HEAD, *map(json.dumps, events)]
+
+
+def test_the_reference_records_a_valid_trace() -> None:
+    buf = io.StringIO()
+    n = record(buf, steps=400, seed=3)
+    report = check_trace(read_lines(io.StringIO(buf.getvalue())))
+    assert report.passed and report.events == n >= 400
+
+
+def test_a_correct_observation_passes() -> None:
+    assert check_trace(trace(GOOD)).passed
+
+
+COUNTERS = {"gpu_free": 2, "cpu_free": 2, "gpu_evictable": 1, "cpu_evictable": 0, "gpu_in_use": 2}
+PLANTED: dict[str, tuple[dict[str, object], str]] = {
+    "1 heap drop: evictable node not findable": ({**GOOD, "gpu_findable": []}, "INV-HEAP-COMPLETE"),
+    "2/3 exit leak: released blocks never return": ({**GOOD, "gpu_free": [3]}, "INV-CONSERVE"),
+    "4 double free: a block twice on the free list": ({**GOOD, "gpu_free": [2, 3, 3]}, "INV-CONSERVE"),
+    "5 refcount underflow": ({**GOOD, "refcounts": {str(H1): -1, str(H2): 0}}, "INV-REFCOUNT"),
+    "6 counter drift": ({**GOOD, "counters": {**COUNTERS, "gpu_evictable": 2}}, "INV-COUNTERS"),
+    "7 GPU id in the CPU free list": ({**GOOD, "cpu_free": [0, 1, 3]}, "INV-TIER"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_observation_is_refused(name: str) -> None:
+    obs, prop = PLANTED[name]
+    report = check_trace(trace(obs))
+    assert report.violations and report.violations[0].id == prop, report.violations
+    assert report.line == 5 and len(report.prefix) == 5
+
+
+def test_use_after_free_is_refused() -> None:
+    """9: a block still listed by r1 appears on the free list."""
+    lines = [HEAD, *map(json.dumps, [
+        {"op": "match", "request": 1, "hashes": []},
+        {"op": "allocate", "request": 1, "blocks": [0]},
+        {"op": "commit", "request": 1, "hashes": [], "observe": {"gpu_free": [0, 1, 2, 3]}},
+    ])]
+    report = check_trace(lines)
+    assert report.violations[0].id == "INV-NO-UAF" and report.line == 4
+
+
+@pytest.mark.parametrize("event, why", [
+    ({"op": "complete", "transfer": 7, "outcome": "ok"}, "unknown transfer"),  # 10/11: late completion
+    ({"op": "release", "request": 0, "writes": []}, "unknown request"),  # 5: unlock twice
+    ({"op": "evict", "steps": [["drop", H2]]}, "CPU tier has room"),  # 12: eviction that skips the CPU tier
+    ({"op": "allocate", "request": 0, "blocks": [2]}, "unknown request"),
+])
+def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str) -> None:
+    report = check_trace(trace(extra=[event]))
+    assert report.violations[0].id == "PRECONDITION" and why in report.violations[0].message
+    assert report.line == 6
+
+
+@pytest.mark.parametrize("text, why", [
+    ("not json", "not JSON"),
+    (json.dumps({"op": "fly"}), "unknown op"),
+    (json.dumps({"op": "complete", "transfer": 0, "outcome": "maybe"}), "unknown outcome"),
+])
+def test_malformed_lines_name_their_line(text: str, why: str) -> None:
+    with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
+        check_trace([HEAD, text])
