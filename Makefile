@@ -28,7 +28,7 @@ bench: $(STAMP)
 prove: $(STAMP)
 	$(BIN)/kvoracle prove
 
-# The larger scope: requests re-admitted after preemption (tens of minutes on 2 cores).
+# The larger scope: 8 GPU, 3 CPU blocks, 4 requests (about 12 minutes on 2 cores).
 prove-deep: $(STAMP)
 	$(BIN)/kvoracle prove --deep
 

@@ -22,7 +22,7 @@ SCHEDULER_MACHINE_IDS = ("INV-REQUEST", "INV-CONTENT", "LIVE-EXIT", "LIVE-TRANSF
 ALL_IDS = tuple(PROPERTIES)
 CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=1)
 MUTANT_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)
-DEEP_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=2)
+DEEP_SCOPE = Scope(gpu_blocks=8, cpu_blocks=3, storage=True, requests=4, prompt_blocks=2, alphabet=2, admissions=1)
 
 
 @dataclass(frozen=True)
