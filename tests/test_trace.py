@@ -4,9 +4,11 @@ planted is refused with the property it breaks, at the line that shows it."""
 import io
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from oracle.cli import main
 from oracle.trace import TraceFormatError, check_trace, read_lines, record
 from spec.hashing import block_hashes
 
@@ -92,3 +94,13 @@ def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str
 def test_malformed_lines_name_their_line(text: str, why: str) -> None:
     with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
         check_trace([HEAD, text])
+
+
+def test_the_documented_example_prints_what_the_docs_show(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)  # the docs show the path relative to the repository
+    assert main(["check-trace", "docs/examples/heap_drop.jsonl"]) == 1
+    printed = capsys.readouterr().out.rstrip("\n")
+    assert printed in (root / "docs" / "trace.md").read_text()
