@@ -137,6 +137,17 @@ def _outcome(done: int, items: int, short_is_error: bool) -> Outcome:
     return Partial(done)
 
 
+def deliver(fault: Fault, outcome: Outcome) -> Reply:
+    """The answers for a call that did its work and whose true result is `outcome`."""
+    if fault.kind is FaultKind.HANG:
+        return ()
+    if fault.kind is FaultKind.LATE:
+        return (Answer(fault.delay, outcome),)
+    if fault.kind is FaultKind.TWICE:
+        return (Answer(0, outcome), Answer(fault.delay, outcome))
+    return (Answer(0, outcome),)
+
+
 class FaultyStorage:
     """A backend behind a fault plan. Only write and read are faulted; exists and clear are
     bookkeeping that the engine's transfer protocol does not go through."""
@@ -155,17 +166,6 @@ class FaultyStorage:
             raise StorageError(f"injected fault: {op} of {items} blocks failed at {at}")
         return fault
 
-    @staticmethod
-    def _deliver(fault: Fault, outcome: Outcome) -> Reply:
-        """The answers for a call that did its work and whose true result is `outcome`."""
-        if fault.kind is FaultKind.HANG:
-            return ()
-        if fault.kind is FaultKind.LATE:
-            return (Answer(fault.delay, outcome),)
-        if fault.kind is FaultKind.TWICE:
-            return (Answer(0, outcome), Answer(fault.delay, outcome))
-        return (Answer(0, outcome),)
-
     def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> Reply:
         fault = self._next("write", blocks[0][0] if blocks else None, len(blocks))
         if fault.kind is FaultKind.ERROR:
@@ -174,7 +174,7 @@ class FaultyStorage:
             return (Answer(0, Partial(self.backend.write(blocks[: fault.done]))),)
         # OK, HANG, LATE, TWICE: the write happens; a short backend write is told truthfully.
         n = self.backend.write(blocks)
-        return self._deliver(fault, _outcome(n, len(blocks), short_is_error=True))
+        return deliver(fault, _outcome(n, len(blocks), short_is_error=True))
 
     def read(self, hashes: Sequence[BlockHash]) -> tuple[Reply, list[bytes]]:
         fault = self._next("read", hashes[0] if hashes else None, len(hashes))
@@ -187,7 +187,7 @@ class FaultyStorage:
             return (Answer(0, Partial(len(data))),), data
         # OK, LATE, TWICE: a read miss is a short hit, not an error.
         data = self.backend.read(hashes)
-        return self._deliver(fault, _outcome(len(data), len(hashes), short_is_error=False)), data
+        return deliver(fault, _outcome(len(data), len(hashes), short_is_error=False)), data
 
     def exists(self, hashes: Sequence[BlockHash]) -> int:
         return self.backend.exists(hashes)
@@ -217,4 +217,4 @@ class FaultyCopier:
             return (Answer(0, Error()),)
         if fault.kind is FaultKind.PARTIAL:
             return (Answer(0, Partial(min(fault.done, items))),)
-        return FaultyStorage._deliver(fault, Ok())
+        return deliver(fault, Ok())

@@ -172,7 +172,7 @@ class Model:
     def _running_moves(self, m: MState, r: RequestId) -> Iterator[tuple[str, MState]]:
         s = m.cache
         hashes = self.prompts[r]
-        if actions._ready(s, r):  # noqa: SLF001 - the spec's own readiness test
+        if actions.ready(s, r):
             c = actions.commit(s, r, hashes)
             if c != s:
                 yield f"commit(r{r})", self._settle(replace(m, cache=c))
@@ -187,7 +187,7 @@ class Model:
                 yield f"{how}(r{r}, write raises)", self._exit_raising(m, r, to, writes, how)
 
     def _writes(self, s: CacheState, r: RequestId) -> tuple[tuple[BlockHash, GpuBlock], ...]:
-        if not actions._ready(s, r):  # noqa: SLF001
+        if not actions.ready(s, r):
             return ()
         return tuple((h, g) for h, g in zip(self.prompts[r], actions.table(s, r)) if h not in s.stored)
 

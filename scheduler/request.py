@@ -32,5 +32,4 @@ class Request:
     admitted_at: int = -1  # admission order, for preemption (last admitted goes first)
     blocks: int = 0  # length of its block table while running
     preemptions: int = 0
-    history: list[Status] = field(default_factory=list)
     hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, kept as they fill

@@ -274,7 +274,6 @@ class ResourceManager:
         else:
             self.waiting.remove(r)
         req.status = to
-        req.history.append(to)
         if to is Status.PREEMPTED:
             req.preemptions += 1
             self.stats.preempted += 1

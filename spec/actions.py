@@ -193,7 +193,7 @@ def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock]) -> CacheSt
     )
 
 
-def _ready(s: CacheState, r: RequestId) -> bool:
+def ready(s: CacheState, r: RequestId) -> bool:
     """No part of r's table is still being filled."""
     held = s.requests[r]
     if any(not isinstance(s.nodes[h].tier, OnGpu) for h in held.path):
@@ -210,7 +210,7 @@ def commit(s: CacheState, r: RequestId, hashes: Sequence[BlockHash]) -> CacheSta
     held = s.requests[r]
     _require(tuple(hashes[: len(held.path)]) == held.path, a, "hashes disagree with the matched path")
     _require(len(hashes) <= len(held.path) + len(held.private), a, "more hashes than blocks")
-    _require(_ready(s, r), a, f"request {r} still has blocks in flight")
+    _require(ready(s, r), a, f"request {r} still has blocks in flight")
     path, private, nodes = list(held.path), list(held.private), dict(s.nodes)
     for h in hashes[len(held.path) :]:
         if h in nodes:
@@ -234,7 +234,7 @@ def release(
     _require(r in s.requests, a, f"unknown request {r}")
     listed = table(s, r)
     _require(all(g in listed for _, g in writes), a, "a written block is not in the request's table")
-    _require(_ready(s, r) or not writes, a, "cannot write blocks still being filled")
+    _require(ready(s, r) or not writes, a, "cannot write blocks still being filled")
     held = s.requests[r]
     gpu_pins = dict(s.gpu_pins)
     for _, g in writes:
