@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test typecheck pytest bench prove prove-deep docs clean
+.PHONY: run test typecheck pytest bench prove prove-deep docs engines test-engines bench-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,5 +35,32 @@ prove-deep: $(STAMP)
 docs: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m oracle.mutant_docs
 
+# Engine environments: torch 2.13.0 (the CPU wheel; the constraint keeps CUDA wheels out),
+# the engine with --no-deps, exactly the pins in engines/<engine>.txt, and kvoracle itself.
+ENGINE_PIN_vllm := vllm==0.33.0
+ENGINE_PIN_sglang := sglang==0.5.23
+ENGINE_PIP = .venv-$*/bin/pip install -q --disable-pip-version-check -c engines/torch.txt
+
+.venv-%/.installed: engines/%.txt engines/torch.txt pyproject.toml
+	rm -rf .venv-$*
+	$(PYTHON) -m venv .venv-$*
+	$(ENGINE_PIP) torch==2.13.0
+	$(ENGINE_PIP) --no-deps $(ENGINE_PIN_$*)
+	$(ENGINE_PIP) --no-deps -r engines/$*.txt
+	$(ENGINE_PIP) --no-deps -e .
+	touch $@
+
+engines: .venv-vllm/.installed .venv-sglang/.installed
+
+# Each engine's campaigns and its findings' reproductions, in its own environment.
+test-engines: engines
+	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py
+	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py
+
+bench-engines: engines
+	.venv-vllm/bin/python bench/engine_speed.py --engines reference vllm
+	.venv-sglang/bin/python bench/engine_speed.py --engines reference sglang
+
 clean:
+	rm -rf .venv-vllm .venv-sglang
 	rm -rf $(VENV) .hypothesis .mypy_cache .pytest_cache *.egg-info

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
+from oracle.engine import BadInput
 from oracle.scheduler_machine import _fault
 from oracle.violations import PropertyViolated
 from spec.types import Error, Ok, Partial, Timeout
@@ -83,7 +84,7 @@ def counterexample_steps(e: BaseException) -> tuple[str, ...]:
 
 def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> PropertyViolated | None:
     """Run a printed program again on a fresh machine; the violation it ends in, if any."""
-    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_fault": _fault}
+    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_fault": _fault, "BadInput": BadInput}
     state = machine()
     try:
         for step in steps:

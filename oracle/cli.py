@@ -7,10 +7,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence, TextIO
 
 from kvcache.pool import BackendUnavailable, default_backend, make_pool
 from oracle.campaign import RunResult, readable, run_seeds
+from oracle.engines import ENGINES
 from oracle.mutants import MUTANTS
 from oracle.scheduler_machine import FAULT_RATE
 from oracle.targets import Target, all_targets, tally_of
@@ -85,6 +87,8 @@ def show(rows: Sequence[Row]) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.engine or args.adapter:
+        return cmd_check_engine(args)
     targets = all_targets()
     if args.mutant:
         names = {t.name for t in targets}
@@ -123,6 +127,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)))
     return 0 if not bad else 1
+
+
+def cmd_check_engine(args: argparse.Namespace) -> int:
+    from oracle.engine_campaign import engine_table, run_engine
+    from oracle.engines import EngineUnavailable, adapter_class, load_adapter
+
+    try:
+        adapter = load_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
+    except (EngineUnavailable, ValueError, ImportError) as e:
+        print(f"kvoracle check: {e}", file=sys.stderr)
+        return 2
+    label = adapter.name
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    rows = []
+    for i, bad in enumerate((False, True)):
+        progress(sys.stderr, i, 2, f"{label}{' +bad input' if bad else ''}")
+        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir)))
+    progress(sys.stderr, 2, 2, "done")
+    sys.stderr.write("\n")
+    print(engine_table(rows))
+    for r in rows:
+        if r.result.violation is None:
+            continue
+        print(f"\n{r.target}: {r.result.violation}")
+        print("\n".join(f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)))
+        confirmed = f"fails standalone with {r.reproduces}" if r.reproduces else "does NOT fail standalone"
+        print(f"  reproduction: {r.reproduction} ({confirmed})")
+    found = [r for r in rows if r.result.violation is not None]
+    print(f"\n{label}: {len(found)} of {len(rows)} campaigns found a violation")
+    return 1 if found else 0
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
@@ -192,6 +226,13 @@ def parser() -> argparse.ArgumentParser:
                        description="Runs the stateful machines against the reference (which must pass) and "
                                    "every mutant (each must be caught). Exit status 0 only when all are as expected.")
     c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference)")
+    c.add_argument("--engine", choices=sorted(ENGINES),
+                   help="check this engine through its adapter instead (valid input, then bad input too); "
+                        "exit status 1 when a violation is found. docs/engines.md")
+    c.add_argument("--adapter", metavar="MODULE:CLASS",
+                   help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine")
+    c.add_argument("--repro-dir", default="out/repro", metavar="DIR",
+                   help="with --engine: where reproduction files are written (default out/repro)")
     c.add_argument("--seeds", type=int, default=3,
                    help="seeds per target; a mutant's run stops at its first kill (default 3)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")

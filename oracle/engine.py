@@ -1,0 +1,218 @@
+"""The engine adapter Protocol: what a stateful machine drives in an engine it did not
+write, what it may observe, and the invariants those observations allow it to check.
+
+An engine's own calls are grouped into request-level operations, because that is the
+grain at which every engine's scheduler uses its cache:
+
+    admit   = match the prompt's cached prefix, lock it, allocate the rest
+    grow    = decode filled the last block: allocate one more
+    finish  = insert the request's full blocks into the cache, unlock, free the rest
+    evict   = free up to n unreferenced cached blocks
+
+Bad inputs are raw calls an engine's own code could make by mistake (a block freed twice,
+a request finished twice, a node unlocked twice). Each adapter declares what it supports;
+the machine uses only that, and checks every invariant its observations allow.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from spec.invariants import Violation
+
+
+class Op(enum.Enum):
+    ADMIT = "admit"
+    GROW = "grow"
+    FINISH = "finish"
+    EVICT = "evict"
+
+
+class BadInput(enum.Enum):
+    DOUBLE_FREE = "double_free"  # free a block that is already free, through the allocator
+    OUT_OF_RANGE = "out_of_range"  # free a block id the allocator never had
+    DOUBLE_FINISH = "double_finish"  # finish a request that already finished
+    DOUBLE_UNLOCK = "double_unlock"  # unlock a request's prefix twice while another request holds it
+
+
+class NoRoom(Exception):
+    """The engine cannot place the request now (it would have to wait or preempt).
+    An adapter raises it only after the engine left its state as it was."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What an engine exposes of its state, in block ids. None: not observable."""
+
+    ids: range  # every block id the engine may hand out
+    free: tuple[int, ...] | None = None  # on the free list(s), duplicates kept, cached blocks excluded
+    evictable: tuple[int, ...] | None = None  # cached, referenced by nobody, reclaimable on demand
+    tables: Mapping[str, tuple[int, ...]] | None = None  # live request -> its blocks
+    cached: frozenset[int] | None = None  # blocks the prefix cache indexes
+    refcounts: Mapping[int, int] | None = None  # block -> the engine's reference count
+    counters: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name -> (reported, recounted)
+
+
+class EngineAdapter(Protocol):
+    """One engine instance behind the operations above. Request ids are strings."""
+
+    name: str
+    block_size: int
+    operations: frozenset[Op]
+    bad_inputs: frozenset[BadInput]
+
+    def admit(self, rid: str, tokens: Sequence[int]) -> int:
+        """Place a new request; return how many leading blocks came from the cache.
+        Raise NoRoom (state unchanged) when it does not fit."""
+        ...
+
+    def grow(self, rid: str, tokens: Sequence[int]) -> None:
+        """Append `tokens` (one block's worth) to a running request. NoRoom as above."""
+        ...
+
+    def finish(self, rid: str) -> None: ...
+
+    def evict(self, blocks: int) -> int:
+        """Free up to `blocks` unreferenced cached blocks; return how many were freed."""
+        ...
+
+    def bad_input(self, kind: BadInput, rid: str | None) -> bool:
+        """Make the bad call (about `rid` where the kind needs one). False: not
+        applicable in this state, nothing was called. Exceptions propagate."""
+        ...
+
+    def observe(self) -> Observation: ...
+
+    def script(self) -> list[str]:
+        """The engine calls made so far, as Python statements (for reproductions)."""
+        ...
+
+    # Python statements, run after a script, that fail with "<ID>: ..." when the engine's
+    # state breaks a property the adapter can observe (the end of a reproduction file).
+    assertions: str
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def check(o: Observation, live: Mapping[str, int], block_size: int) -> list[Violation]:
+    """Every invariant the observation allows. `live` maps each running request to the
+    number of tokens it holds."""
+    found: list[Violation] = []
+    found += _conserve(o)
+    found += _tables(o, live, block_size)
+    found += _no_uaf(o)
+    found += _refcounts(o)
+    found += _counters(o)
+    return found
+
+
+def _conserve(o: Observation) -> list[Violation]:
+    out: list[Violation] = []
+    if o.free is not None:
+        dup = sorted(b for b, n in Counter(o.free).items() if n > 1)
+        if dup:
+            out.append(Violation("INV-CONSERVE", f"blocks {dup} are on the free list twice"))
+        stray = sorted(b for b in set(o.free) if b not in o.ids)
+        if stray:
+            out.append(Violation("INV-CONSERVE", f"free list holds ids {stray} outside {o.ids}"))
+        if len(o.free) > len(o.ids):
+            out.append(Violation("INV-CONSERVE", f"{len(o.free)} free blocks but only {len(o.ids)} exist"))
+    if o.free is not None and o.tables is not None and o.cached is not None:
+        held = {b for t in o.tables.values() for b in t}
+        lost = sorted(set(o.ids) - set(o.free) - held - o.cached)
+        if lost:
+            out.append(Violation("INV-CONSERVE", f"blocks {lost} are owned by nobody (leaked)"))
+    return out
+
+
+def _tables(o: Observation, live: Mapping[str, int], block_size: int) -> list[Violation]:
+    if o.tables is None:
+        return []
+    out: list[Violation] = []
+    if set(o.tables) != set(live):
+        out.append(Violation("INV-REQUEST", f"tables for {sorted(o.tables)}, live requests {sorted(live)}"))
+    for rid, table in sorted(o.tables.items()):
+        need = blocks_for(live.get(rid, 0), block_size)
+        if len(table) < need:
+            out.append(Violation("INV-REQUEST", f"request {rid} holds {len(table)} blocks for {need} blocks of tokens"))
+    return out
+
+
+def _no_uaf(o: Observation) -> list[Violation]:
+    if o.tables is None:
+        return []
+    out: list[Violation] = []
+    free = set(o.free or ()) | set(o.evictable or ())
+    for rid, table in sorted(o.tables.items()):
+        used = sorted(set(table) & free)
+        if used:
+            out.append(Violation("INV-NO-UAF", f"request {rid} holds blocks {used}, which are free or evictable"))
+    if o.cached is not None:
+        owners = Counter(b for t in o.tables.values() for b in set(t))
+        shared = sorted(b for b, n in owners.items() if n > 1 and b not in o.cached)
+        if shared:
+            out.append(Violation("INV-NO-UAF", f"private blocks {shared} are in more than one table"))
+    return out
+
+
+def _refcounts(o: Observation) -> list[Violation]:
+    if o.refcounts is None:
+        return []
+    out: list[Violation] = []
+    negative = sorted(b for b, n in o.refcounts.items() if n < 0)
+    if negative:
+        out.append(Violation("INV-REFCOUNT", f"blocks {negative} have a negative reference count"))
+    if o.tables is not None:
+        holders = Counter(b for t in o.tables.values() for b in set(t))
+        wrong = sorted((b, n, holders[b]) for b, n in o.refcounts.items() if n >= 0 and n != holders[b])
+        if wrong:
+            text = ", ".join(f"block {b}: {n} (held by {h})" for b, n, h in wrong)
+            out.append(Violation("INV-REFCOUNT", f"reference count differs from the live holders: {text}"))
+    return out
+
+
+def _counters(o: Observation) -> list[Violation]:
+    return [
+        Violation("INV-COUNTERS", f"{name} reports {got}, the structures hold {real}")
+        for name, (got, real) in sorted(o.counters.items())
+        if got != real
+    ]
+
+
+def drained(o: Observation) -> list[Violation]:
+    """LIVE-DRAIN: nothing running and everything evicted, every block must be reclaimable."""
+    reclaimable = len(set(o.free or ())) + len(set(o.evictable or ()))
+    if o.free is None or reclaimable == len(o.ids):
+        return []
+    return [Violation("LIVE-DRAIN", f"only {reclaimable} of {len(o.ids)} blocks are free or evictable after draining")]
+
+
+class Scripted:
+    """Runs engine calls from their source text, so that the script an adapter reports
+    is exactly what ran, and a shrunk counterexample replays as a standalone file."""
+
+    preamble: str = ""  # imports and construction, run once
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, object] = {}
+        self.lines: list[str] = []
+        exec(compile(self.preamble, "<preamble>", "exec"), self.namespace)
+
+    def run(self, statement: str) -> object:
+        """Execute one statement (recorded); the value of `_` afterwards."""
+        self.lines.append(statement)
+        exec(compile(statement, "<engine call>", "exec"), self.namespace)
+        return self.namespace.get("_")
+
+    def peek(self, expression: str) -> object:
+        """Evaluate without recording (observation only)."""
+        return eval(expression, self.namespace)
+
+    def script(self) -> list[str]:
+        return [self.preamble.rstrip(), *self.lines]

@@ -1,0 +1,63 @@
+"""`kvoracle check --engine NAME`: the engine machine on an engine, with valid input and
+then with bad input too; each violation becomes a reproduction file that is run once
+to confirm that it fails standalone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from oracle.campaign import RunResult, run_seeds
+from oracle.engine import EngineAdapter
+from oracle.engine_machine import EngineMachine, EngineTally
+from oracle.findings import reproduction, run_reproduction
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    target: str
+    tally: EngineTally
+    result: RunResult
+    seconds: float
+    reproduction: Path | None = None
+    reproduces: str = ""  # what the reproduction failed with ('' : it did not fail)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.result.passed else "VIOLATION"
+
+
+def engine_machine(adapter: type[EngineAdapter], bad_input: bool) -> type[EngineMachine]:
+    suffix = "_bad_input" if bad_input else ""
+    return type(f"EngineMachine_{adapter.name}{suffix}", (EngineMachine,),
+                {"make_adapter": adapter, "with_bad_input": bad_input, "tally": EngineTally()})
+
+
+def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[int], examples: int, steps: int,
+               repro_dir: Path) -> EngineRow:
+    machine = engine_machine(adapter, bad_input)
+    start = time.perf_counter()
+    result = run_seeds(machine, seeds, examples=examples, steps=steps)
+    name = adapter.name + (" +bad input" if bad_input else "")
+    row = EngineRow(name, machine.tally, result, time.perf_counter() - start)
+    if result.violation is None:
+        return row
+    repro_dir.mkdir(parents=True, exist_ok=True)
+    path = repro_dir / f"{adapter.name}{'_bad_input' if bad_input else ''}_{result.first_id.lower().replace('-', '_')}.py"
+    path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
+    return EngineRow(name, machine.tally, result, row.seconds, path, run_reproduction(path))
+
+
+def engine_table(rows: Sequence[EngineRow]) -> str:
+    head = ("target", "steps", "refused", "bad inputs", "tolerated", "verdict", "first violated", "shrunk", "time")
+    body = [
+        (r.target, str(r.tally.steps), str(r.tally.refused), str(r.tally.bad_inputs), str(r.tally.tolerated),
+         r.verdict, r.result.first_id or "-", str(len(r.result.counterexample)) if not r.result.passed else "-",
+         f"{r.seconds:.1f}s")
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+                     for cells in (head, tuple("-" * w for w in widths), *body))

@@ -1,0 +1,198 @@
+"""The engine machine: any engine behind an EngineAdapter, driven with prefix-sharing
+prompts under memory pressure, checked after every step with what its observations
+allow. With `with_bad_input`, it also makes the raw bad calls the adapter supports.
+
+A bad call the engine refuses must leave its state as it was; one it accepts must
+leave every invariant intact. Accepted and harmless (a second finish that does
+nothing) is tolerated and counted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from oracle.cache_machine import PROMPTS
+from oracle.engine import BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
+from oracle.violations import PropertyViolated
+from spec.invariants import Violation
+
+MAX_LIVE = 4
+
+
+@dataclass
+class EngineTally:
+    steps: int = 0
+    bad_inputs: int = 0
+    tolerated: int = 0  # bad calls accepted without any effect
+    refused: int = 0  # admissions and growths the engine had no room for
+    faults: int = 0  # engines are driven without faults; kept for the campaign table
+    per_rule: dict[str, int] = field(default_factory=dict)
+
+
+def prompt(p: int, block_size: int) -> list[int]:
+    """PROMPTS[p] with each token widened to half a block, so block structure is kept."""
+    return [t for t in PROMPTS[p] for _ in range(max(1, block_size // 2))]
+
+
+class EngineMachine(RuleBasedStateMachine):
+    make_adapter: Callable[[], EngineAdapter]
+    with_bad_input = False
+    tally = EngineTally()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adapter = type(self).make_adapter()
+        self.live: dict[str, int] = {}  # request -> tokens held
+        self.gone: list[str] = []
+        self.next_request = 0
+
+    # --- the checking core -----------------------------------------------------------
+
+    def _count(self, name: str) -> None:
+        t = type(self).tally
+        t.steps += 1
+        t.per_rule[name] = t.per_rule.get(name, 0) + 1
+
+    def _check(self, name: str) -> None:
+        found = check(self.adapter.observe(), self.live, self.adapter.block_size)
+        if found:
+            raise PropertyViolated(name, found)
+
+    def _call(self, name: str, call: Callable[[], object]) -> bool:
+        """A valid call. False: the engine had no room, and must have changed nothing."""
+        before = self.adapter.observe()
+        try:
+            call()
+        except NoRoom:
+            type(self).tally.refused += 1
+            self._count(name)
+            self._kept(name, before)
+            return False
+        except PropertyViolated:
+            raise
+        except Exception as e:
+            raise PropertyViolated(name, [Violation("VALID-INPUT", f"the engine raised {e!r} on a valid call")]) from e
+        self._count(name)
+        self._check(name)
+        return True
+
+    def _kept(self, name: str, before: Observation) -> None:
+        """A refused call may evict cached blocks (policy), but must leave every request's
+        blocks where they were and lose no block."""
+        after = self.adapter.observe()
+        if after.tables != before.tables or _reclaimable(after) != _reclaimable(before):
+            raise PropertyViolated(name, [Violation("INV-CONSERVE", f"refused for lack of room, but blocks moved: "
+                                                                    f"{_diff(before, after)}")])
+
+    def _unchanged(self, name: str, before: Observation, how: str) -> None:
+        after = self.adapter.observe()
+        if after != before:
+            raise PropertyViolated(name, [Violation("BAD-INPUT", f"{how}, but the state changed: {_diff(before, after)}")])
+
+    def _pick(self, i: int) -> str | None:
+        return sorted(self.live)[i % len(self.live)] if self.live else None
+
+    def supports(self, op: Op) -> bool:
+        return op in self.adapter.operations
+
+    # --- rules -------------------------------------------------------------------------
+
+    @rule(p=st.integers(0, len(PROMPTS) - 1))
+    def admit(self, p: int) -> None:
+        if len(self.live) >= MAX_LIVE:
+            return
+        rid = f"r{self.next_request}"
+        self.next_request += 1
+        tokens = prompt(p, self.adapter.block_size)
+        self.live[rid] = len(tokens)  # before the call: the check after it expects the request
+        if not self._call("admit", lambda: self.adapter.admit(rid, tokens)):
+            del self.live[rid]
+
+    @precondition(lambda self: self.supports(Op.GROW))
+    @rule(i=st.integers(0, 7), token=st.integers(1, 2))
+    def grow(self, i: int, token: int) -> None:
+        rid = self._pick(i)
+        if rid is None:
+            return
+        more = [token] * self.adapter.block_size
+        self.live[rid] += len(more)
+        if not self._call("grow", lambda: self.adapter.grow(rid, more)):
+            self.live[rid] -= len(more)
+
+    @rule(i=st.integers(0, 7))
+    def finish(self, i: int) -> None:
+        rid = self._pick(i)
+        if rid is None:
+            return
+        del self.live[rid]
+        self.gone.append(rid)
+        self._call("finish", lambda: self.adapter.finish(rid))
+
+    @precondition(lambda self: self.supports(Op.EVICT))
+    @rule(blocks=st.integers(1, 4))
+    def evict(self, blocks: int) -> None:
+        self._call("evict", lambda: self.adapter.evict(blocks))
+
+    @precondition(lambda self: self.with_bad_input and bool(self.adapter.bad_inputs))
+    @rule(kind=st.sampled_from(list(BadInput)), i=st.integers(0, 7))
+    def bad_input(self, kind: BadInput, i: int) -> None:
+        if kind not in self.adapter.bad_inputs:
+            return
+        if kind is BadInput.DOUBLE_FINISH and not self.gone and self.live:
+            self.finish(i)  # so that there is a finished request to finish again
+        rid = self.gone[-1] if kind is BadInput.DOUBLE_FINISH and self.gone else self._pick(i)
+        name = f"bad_input:{kind.value}"
+        before = self.adapter.observe()
+        try:
+            called = self.adapter.bad_input(kind, rid)
+        except Exception:
+            type(self).tally.bad_inputs += 1
+            self._count(name)
+            self._unchanged(name, before, f"{kind.value} was refused")
+            return
+        if not called:
+            return
+        type(self).tally.bad_inputs += 1
+        self._count(name)
+        self._check(name)
+        if self.adapter.observe() == before:
+            type(self).tally.tolerated += 1
+            return
+        raise PropertyViolated(name, [Violation("BAD-INPUT", f"{kind.value} was accepted and changed the state: "
+                                                             f"{_diff(before, self.adapter.observe())}")])
+
+    # --- LIVE-DRAIN ------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        if sys.exc_info()[0] is not None:
+            return  # a step already failed: keep its report
+        drain(self)
+
+
+def drain(m: EngineMachine) -> None:
+    """Finish everything, evict everything; every block must be free or evictable."""
+    while m.live:
+        m.finish(0)
+    if m.supports(Op.EVICT):
+        m._call("drain:evict", lambda: m.adapter.evict(len(m.adapter.observe().ids)))
+    found = drained(m.adapter.observe())
+    if found:
+        raise PropertyViolated("drain", found)
+
+
+def _reclaimable(o: Observation) -> frozenset[int]:
+    return frozenset(o.free or ()) | frozenset(o.evictable or ())
+
+
+def _diff(a: Observation, b: Observation) -> str:
+    parts = [
+        f"{f}: {getattr(a, f)!r} -> {getattr(b, f)!r}"
+        for f in a.__dataclass_fields__
+        if getattr(a, f) != getattr(b, f)
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,75 @@
+"""Engine adapters, one module per engine. Importing an adapter module does not import
+its engine: the engine is imported when the first adapter instance is made."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from oracle.engine import EngineAdapter
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    module: str  # the adapter module
+    adapter: str  # the adapter class
+    requires: str  # the engine's top-level package
+    venv: str  # where `make engines` installs it ("" for the reference)
+    version: str
+
+
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("reference", "oracle.engines.reference", "ReferenceAdapter", "kvcache", "", "this tree"),
+        Engine("vllm", "oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
+        Engine("sglang", "oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
+        Engine("fastdeploy", "oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
+    )
+}
+
+
+class EngineUnavailable(Exception):
+    """The engine is not importable in this Python."""
+
+
+def adapter_class(name: str) -> type[EngineAdapter]:
+    if name not in ENGINES:
+        raise KeyError(f"no engine named {name!r}; known: {', '.join(ENGINES)}")
+    e = ENGINES[name]
+    if importlib.util.find_spec(e.requires) is None:
+        where = f"run `make engines`, then use {e.venv}/bin/kvoracle" if e.venv else "see docs/engines.md"
+        raise EngineUnavailable(f"{name} is not importable in this Python ({e.requires} not installed); {where}")
+    cls: type[EngineAdapter] = getattr(importlib.import_module(e.module), e.adapter)
+    return cls
+
+
+def load_adapter(spec: str) -> type[EngineAdapter]:
+    """Your own adapter: `package.module:Class` or `path/to/file.py:Class`."""
+    where, sep, cls_name = spec.rpartition(":")
+    if not sep or not where or not cls_name:
+        raise ValueError(f"--adapter wants MODULE:CLASS or FILE.py:CLASS, got {spec!r}")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"--adapter: no file {where}")
+        spec_ = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec_ is not None and spec_.loader is not None
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[path.stem] = module
+        spec_.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"--adapter: {where} has no class {cls_name}")
+    missing = [a for a in ("name", "block_size", "operations", "bad_inputs", "assertions", "admit", "finish",
+                           "observe", "script", "bad_input") if not hasattr(cls, a)]
+    if missing:
+        raise ValueError(f"--adapter: {cls_name} lacks {', '.join(missing)} of the EngineAdapter Protocol")
+    adapter: type[EngineAdapter] = cls
+    return adapter

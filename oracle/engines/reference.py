@@ -1,0 +1,117 @@
+"""The reference cache (kvcache.CacheManager) behind the engine adapter Protocol, so
+that the generic engine machine and its mutants can be checked like any engine.
+
+admit = match + allocate + commit of the full blocks; grow = allocate + commit;
+finish = release; evict = evict_gpu (one tier: evicted blocks are dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvcache.manager import CacheManager
+from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, blocks_for
+from spec.hashing import block_hashes
+from spec.types import OnGpu
+
+GPU_BLOCKS = 6
+
+
+class ReferenceAdapter(Scripted):
+    name = "reference"
+    block_size = 2
+    operations = frozenset(Op)
+    bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_FINISH})
+    cache_class: type[CacheManager] = CacheManager
+
+    def __init__(self) -> None:
+        self.preamble = (
+            f"import {self.cache_class.__module__}\n"
+            "from spec.hashing import block_hashes\n"
+            "from spec.types import GpuBlock, RequestId\n"
+            f"cache = {self.cache_class.__module__}.{self.cache_class.__qualname__}({GPU_BLOCKS}, 0)\n"
+        )
+        super().__init__()
+        self.tokens: dict[str, list[int]] = {}
+
+    @property
+    def cache(self) -> CacheManager:
+        c = self.namespace["cache"]
+        assert isinstance(c, CacheManager)
+        return c
+
+    def _commit(self, rid: str) -> None:
+        full = len(self.tokens[rid]) // self.block_size
+        self.run(f"_ = cache.commit(RequestId({rid[1:]}), block_hashes({self.tokens[rid]}, {self.block_size})[:{full}])")
+
+    def _room(self, need: Callable[[], int]) -> None:
+        """Evict until `need()` blocks are free (eviction may shrink a prefix hit, so
+        the need is asked again after each round)."""
+        while (short := need() - self.cache.gpu.num_free) > 0:
+            rep: Any = self.run(f"_ = cache.evict_gpu({short})")
+            if not rep.steps:
+                raise NoRoom(f"{need()} blocks needed, {self.cache.gpu.num_free} free")
+
+    def admit(self, rid: str, tokens: Sequence[int]) -> int:
+        hashes = block_hashes(tokens, self.block_size)
+        self._room(lambda: blocks_for(len(tokens), self.block_size) - self.cache.gpu_hits(hashes))
+        hits = self.cache.gpu_hits(hashes)
+        self.tokens[rid] = list(tokens)
+        r = f"RequestId({rid[1:]})"
+        self.run(f"_ = cache.match({r}, block_hashes({list(tokens)}, {self.block_size}))")
+        self.run(f"_ = cache.allocate({r}, {blocks_for(len(tokens), self.block_size) - hits})")
+        self._commit(rid)
+        return hits
+
+    def grow(self, rid: str, tokens: Sequence[int]) -> None:
+        held = self.tokens[rid]
+        have = blocks_for(len(held), self.block_size)
+        need = blocks_for(len(held) + len(tokens), self.block_size) - have
+        self._room(lambda: need)
+        self.run(f"_ = cache.allocate(RequestId({rid[1:]}), {need})")
+        held.extend(tokens)
+        self._commit(rid)
+
+    def finish(self, rid: str) -> None:
+        self.run(f"_ = cache.release(RequestId({rid[1:]}))")
+        del self.tokens[rid]
+
+    def evict(self, blocks: int) -> int:
+        rep: Any = self.run(f"_ = cache.evict_gpu({blocks})")
+        return len(rep.steps)
+
+    def bad_input(self, kind: BadInput, rid: str | None) -> bool:
+        c = self.cache
+        if kind is BadInput.DOUBLE_FREE and c.gpu.num_free:
+            self.run(f"cache.gpu.free([GpuBlock({c.gpu.free_blocks()[-1]})])")
+        elif kind is BadInput.OUT_OF_RANGE:
+            self.run(f"cache.gpu.free([GpuBlock({c.gpu.size})])")
+        elif kind is BadInput.DOUBLE_FINISH and rid is not None and rid not in self.tokens:
+            self.run(f"cache.release(RequestId({rid[1:]}))")
+        else:
+            return False
+        return True
+
+    def observe(self) -> Observation:
+        c = self.cache
+        nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu)]
+        block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu)}
+        return Observation(
+            ids=range(c.gpu.size),
+            free=tuple(c.gpu.free_blocks()),
+            evictable=tuple(sorted(block[n.hash] for n in nodes if n.refcount == 0)),
+            tables={f"r{r}": tuple(c.table(r)) for r in c.requests},
+            cached=frozenset(block.values()),
+            refcounts={block[n.hash]: n.refcount for n in nodes},
+            counters={
+                "gpu.num_free": (c.gpu.num_free, sum(c.gpu.is_free(b) for b in range(c.gpu.size))),
+                "gpu_evictable": (c.gpu_evictable, sum(c.is_gpu_evictable(n) for n in c.tree.walk())),
+            },
+        )
+
+    assertions = (
+        "from kvcache.abstraction import check_invariants\n"
+        "found = check_invariants(cache)\n"
+        "assert not found, str(found[0])\n"
+    )

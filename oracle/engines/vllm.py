@@ -1,0 +1,132 @@
+"""vLLM 0.33.0's KVCacheManager and BlockPool (vllm.v1.core) behind the adapter Protocol.
+
+admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slots
+         also caches the full blocks); refused when allocate_slots returns None
+grow   = append_output_token_ids + allocate_slots for the new tokens
+finish = KVCacheManager.free (cached blocks stay in the free queue, evictable)
+evict  = none: vLLM evicts lazily, when get_new_blocks reuses a cached free block
+
+Block 0 is vLLM's null block and is never handed out; the usable ids are 1..N-1.
+Runs in `.venv-vllm` (`make engines`); importing this module does not import vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+
+BLOCK = 4
+NUM_BLOCKS = 7  # the null block and 6 usable
+
+PREAMBLE = f"""\
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request
+
+init_none_hash(sha256)
+hasher = get_request_block_hasher({BLOCK}, sha256)
+layer = FullAttentionSpec(block_size={BLOCK}, num_kv_heads=1, head_size=8, dtype=torch.float16)
+config = KVCacheConfig(num_blocks={NUM_BLOCKS}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
+mgr = KVCacheManager(config, max_model_len=4096, scheduler_block_size={BLOCK}, hash_block_size={BLOCK})
+pool = mgr.block_pool
+
+
+def request(rid, tokens):
+    return Request(rid, tokens, SamplingParams(max_tokens=4096), None, block_hasher=hasher)
+
+
+def admit(req):
+    hit, hit_tokens, _ = mgr.get_computed_blocks(req)
+    got = mgr.allocate_slots(req, req.num_tokens - hit_tokens, hit_tokens, hit)
+    if got is not None:
+        req.num_computed_tokens = req.num_tokens
+    return got, hit_tokens
+
+
+def grow(req, tokens):
+    req.append_output_token_ids(tokens)
+    got = mgr.allocate_slots(req, len(tokens))
+    if got is None:  # undo the append, as a scheduler that cannot grow would not sample
+        del req._output_token_ids[-len(tokens):], req._all_token_ids[-len(tokens):]
+        del req.block_hashes[req.num_tokens // {BLOCK}:]
+    else:
+        req.num_computed_tokens = req.num_tokens
+    return got
+"""
+
+ASSERTIONS = """\
+# kvoracle's checks, in vLLM's own terms
+from collections import Counter
+free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+tables = mgr.coordinator.single_type_managers[0].req_to_blocks
+held = Counter(b.block_id for blocks in tables.values() for b in set(blocks))
+for b in pool.blocks[1:]:
+    assert b.ref_cnt >= 0, f"INV-REFCOUNT: block {b.block_id} has ref_cnt {b.ref_cnt}"
+    assert b.ref_cnt == held[b.block_id], f"INV-REFCOUNT: block {b.block_id} has ref_cnt {b.ref_cnt}, held by {held[b.block_id]}"
+assert len(free) == len(set(free)), f"INV-CONSERVE: free queue {free} lists a block twice"
+assert not set(held) & set(free), f"INV-NO-UAF: blocks {set(held) & set(free)} are held and free"
+assert pool.get_num_free_blocks() == len(free), f"INV-COUNTERS: {pool.get_num_free_blocks()} free reported, {len(free)} queued"
+"""
+
+
+class VllmAdapter(Scripted):
+    name = "vllm"
+    block_size = BLOCK
+    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH})
+    bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.DOUBLE_FINISH})
+    preamble = PREAMBLE
+    assertions = ASSERTIONS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mgr: Any = self.namespace["mgr"]
+        self.pool: Any = self.namespace["pool"]
+
+    def admit(self, rid: str, tokens: Sequence[int]) -> int:
+        self.run(f"{rid} = request({rid!r}, {list(tokens)})")
+        reply: Any = self.run(f"_ = admit({rid})")
+        got, hit_tokens = reply
+        if got is None:
+            raise NoRoom(f"allocate_slots refused {rid}")
+        return int(hit_tokens) // BLOCK
+
+    def grow(self, rid: str, tokens: Sequence[int]) -> None:
+        if self.run(f"_ = grow({rid}, {list(tokens)})") is None:
+            raise NoRoom(f"allocate_slots refused growing {rid}")
+
+    def finish(self, rid: str) -> None:
+        self.run(f"mgr.free({rid})")
+
+    def evict(self, blocks: int) -> int:
+        raise NotImplementedError("vLLM evicts lazily; Op.EVICT is not declared")
+
+    def bad_input(self, kind: BadInput, rid: str | None) -> bool:
+        if kind is BadInput.DOUBLE_FREE:
+            free = self.pool.free_block_queue.get_all_free_blocks()
+            if not free:
+                return False
+            self.run(f"pool.free_blocks([pool.blocks[{free[0].block_id}]])")
+            return True
+        if kind is BadInput.DOUBLE_FINISH and rid is not None and rid in self.namespace:
+            self.run(f"mgr.free({rid})")
+            return True
+        return False
+
+    def observe(self) -> Observation:
+        queue = self.pool.free_block_queue.get_all_free_blocks()
+        tables = self.mgr.coordinator.single_type_managers[0].req_to_blocks
+        return Observation(
+            ids=range(1, NUM_BLOCKS),
+            free=tuple(b.block_id for b in queue if b.block_hash is None),
+            evictable=tuple(b.block_id for b in queue if b.block_hash is not None),
+            tables={rid: tuple(b.block_id for b in blocks) for rid, blocks in tables.items()},
+            cached=frozenset(b.block_id for b in self.pool.blocks[1:] if b.block_hash is not None),
+            refcounts={b.block_id: b.ref_cnt for b in self.pool.blocks[1:]},
+            counters={"get_num_free_blocks": (self.pool.get_num_free_blocks(), len(queue))},
+        )

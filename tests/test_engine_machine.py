@@ -1,0 +1,119 @@
+"""The engine adapter Protocol and the generic engine machine, on the reference and on
+its mutants: what the machine can see through an adapter is enough to kill them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcache.manager import CacheManager
+from oracle.campaign import run_machine
+from oracle.engine import NoRoom, Observation, Op, check, drained
+from oracle.engine_campaign import engine_machine, run_engine
+from oracle.engine_machine import prompt
+from oracle.engines import ENGINES, EngineUnavailable, adapter_class
+from oracle.engines.reference import ReferenceAdapter
+from oracle.mutants import by_name
+
+
+def adapter_for(cache_class: type[CacheManager]) -> type[ReferenceAdapter]:
+    return type(f"Reference_{cache_class.__name__}", (ReferenceAdapter,), {"cache_class": cache_class})
+
+
+@pytest.mark.parametrize("bad_input", [False, True])
+def test_reference_passes_through_its_adapter(bad_input: bool) -> None:
+    machine = engine_machine(ReferenceAdapter, bad_input)
+    result = run_machine(machine, seed_value=3, examples=150, steps=30)
+    assert result.passed, result.violation
+    assert machine.tally.steps > 1000 and machine.tally.refused > 0  # memory pressure was reached
+    if bad_input:
+        assert machine.tally.bad_inputs > 50 and machine.tally.tolerated == 0  # the reference refuses them all
+
+
+# The mutants whose bug shows through the adapter's observations (one tier, no transfers).
+@pytest.mark.parametrize("name, first_id", [
+    ("double-free", "INV-CONSERVE"),
+    ("double-unlock", "BAD-INPUT"),
+    ("counter-drift", "INV-COUNTERS"),
+])
+def test_engine_machine_kills_mutants_through_the_adapter(name: str, first_id: str) -> None:
+    machine = engine_machine(adapter_for(by_name(name).cache_class), bad_input=True)
+    result = run_machine(machine, seed_value=1, examples=300, steps=30)
+    assert not result.passed and result.first_id == first_id, result.violation
+
+
+def test_reproduction_of_a_mutant_fails_standalone(tmp_path: Path) -> None:
+    row = run_engine(adapter_for(by_name("double-free").cache_class), True, [1], 300, 30, tmp_path)
+    assert row.reproduction is not None and row.reproduction.exists()
+    assert row.reproduces.startswith("AssertionError: INV-CONSERVE"), row.reproduces
+    text = row.reproduction.read_text()
+    assert "oracle.mutants" in text and "check_invariants(cache)" in text
+
+
+def test_refused_admission_leaves_no_trace() -> None:
+    a = ReferenceAdapter()
+    a.admit("r0", prompt(0, a.block_size))  # 3 of 6 blocks
+    a.grow("r0", [1, 1])
+    a.grow("r0", [1, 1])  # 5 of 6, none evictable
+    before = a.observe()
+    with pytest.raises(NoRoom):
+        a.admit("r1", prompt(3, a.block_size))  # needs 2
+    assert a.observe() == before and "r1" not in a.tokens
+
+
+def test_checks_name_what_is_broken() -> None:
+    o = Observation(ids=range(1, 5), free=(1, 1, 2), evictable=(), tables={"a": (2, 3)}, cached=frozenset(),
+                    refcounts={3: -1, 2: 1}, counters={"free": (4, 3)})
+    ids = {v.id for v in check(o, {"a": 3, "b": 1}, block_size=2)}
+    assert ids == {"INV-CONSERVE", "INV-NO-UAF", "INV-REFCOUNT", "INV-COUNTERS", "INV-REQUEST"}
+    assert check(Observation(ids=range(1, 3), free=(1, 2), tables={}, cached=frozenset()), {}, 2) == []
+    assert [v.id for v in drained(Observation(ids=range(4), free=(0, 1), evictable=(2,)))] == ["LIVE-DRAIN"]
+
+
+def test_every_operation_and_bad_input_is_driven() -> None:
+    machine = engine_machine(ReferenceAdapter, bad_input=True)
+    run_machine(machine, seed_value=5, examples=100, steps=30)
+    rules = set(machine.tally.per_rule)
+    assert {op.value for op in Op} <= rules
+    assert {f"bad_input:{b.value}" for b in ReferenceAdapter.bad_inputs} <= rules
+
+
+def test_unavailable_engine_says_how_to_get_it() -> None:
+    for name, e in ENGINES.items():
+        try:
+            adapter_class(name)
+        except EngineUnavailable as err:
+            assert e.requires in str(err)
+    with pytest.raises(KeyError, match="no engine named"):
+        adapter_class("nonesuch")
+
+
+def test_cli_engine_reference_writes_no_reproduction(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "oracle.cli", "check", "--engine", "reference", "--seeds", "1", "--examples", "20",
+         "--steps", "20", "--repro-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reference +bad input" in done.stdout and "0 of 2 campaigns found a violation" in done.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_documented_worked_example_is_what_the_command_prints(tmp_path: Path) -> None:
+    """docs/engines.md shows the toy engine's first campaign; the command must still print it."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
+    shown = doc.split("$ kvoracle check --adapter docs/examples/toy_engine.py:ToyAdapter --seeds 1\n")[1]
+    shown = shown.split("```")[0].replace("out/repro/", "")
+    done = subprocess.run(
+        [sys.executable, "-m", "oracle.cli", "check", "--adapter", "docs/examples/toy_engine.py:ToyAdapter",
+         "--seeds", "1", "--repro-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 1, done.stderr
+    printed = re.sub(r"\s+[0-9.]+s$", "", done.stdout.replace(f"{tmp_path}/", ""), flags=re.M)
+    for line in shown.strip().splitlines():
+        assert line.rstrip() in printed.splitlines(), f"docs/engines.md shows a line the command no longer prints: {line}"
