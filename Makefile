@@ -17,7 +17,7 @@ run: $(STAMP)
 test: typecheck pytest
 
 typecheck: $(STAMP)
-	$(BIN)/mypy spec kvcache scheduler oracle proofs tests bench
+	$(BIN)/mypy spec kvcache scheduler oracle proofs tests bench docs/examples
 
 pytest: $(STAMP)
 	$(BIN)/pytest
@@ -57,9 +57,9 @@ test-engines: engines
 	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py
 	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py
 
-bench-engines: engines
-	.venv-vllm/bin/python bench/engine_speed.py --engines reference vllm
-	.venv-sglang/bin/python bench/engine_speed.py --engines reference sglang
+# One table: the reference here, each engine in its environment (bench/engine_speed.py runs them).
+bench-engines: engines $(STAMP)
+	$(BIN)/python bench/engine_speed.py
 
 clean:
 	rm -rf .venv-vllm .venv-sglang

@@ -12,6 +12,7 @@ from typing import Sequence, TextIO
 
 from kvcache.pool import BackendUnavailable, default_backend, make_pool
 from oracle.campaign import RunResult, readable, run_seeds
+from oracle.engine import BadInput
 from oracle.engines import ENGINES
 from oracle.mutants import MUTANTS
 from oracle.scheduler_machine import FAULT_RATE
@@ -130,11 +131,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
-    from oracle.engine_campaign import engine_table, run_engine
+    from oracle.engine_campaign import engine_table, restricted, run_engine
     from oracle.engines import EngineUnavailable, adapter_class, load_adapter
 
     try:
         adapter = load_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
+        if args.bad_input:
+            adapter = restricted(adapter, BadInput(args.bad_input))
     except (EngineUnavailable, ValueError, ImportError) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
@@ -231,6 +234,8 @@ def parser() -> argparse.ArgumentParser:
                         "exit status 1 when a violation is found. docs/engines.md")
     c.add_argument("--adapter", metavar="MODULE:CLASS",
                    help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine")
+    c.add_argument("--bad-input", choices=[b.value for b in BadInput],
+                   help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
     c.add_argument("--repro-dir", default="out/repro", metavar="DIR",
                    help="with --engine: where reproduction files are written (default out/repro)")
     c.add_argument("--seeds", type=int, default=3,

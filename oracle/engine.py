@@ -20,7 +20,7 @@ import enum
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from spec.invariants import Violation
 
@@ -36,7 +36,7 @@ class BadInput(enum.Enum):
     DOUBLE_FREE = "double_free"  # free a block that is already free, through the allocator
     OUT_OF_RANGE = "out_of_range"  # free a block id the allocator never had
     DOUBLE_FINISH = "double_finish"  # finish a request that already finished
-    DOUBLE_UNLOCK = "double_unlock"  # unlock a request's prefix twice while another request holds it
+    DOUBLE_UNLOCK = "double_unlock"  # unlock a finished request's prefix again while another request holds it
 
 
 class NoRoom(Exception):
@@ -204,15 +204,12 @@ class Scripted:
         self.lines: list[str] = []
         exec(compile(self.preamble, "<preamble>", "exec"), self.namespace)
 
-    def run(self, statement: str) -> object:
-        """Execute one statement (recorded); the value of `_` afterwards."""
+    def run(self, statement: str) -> Any:
+        """Execute one statement (recorded); the value of `_` afterwards (engine values
+        are untyped here: the adapter knows what its engine returns)."""
         self.lines.append(statement)
         exec(compile(statement, "<engine call>", "exec"), self.namespace)
         return self.namespace.get("_")
-
-    def peek(self, expression: str) -> object:
-        """Evaluate without recording (observation only)."""
-        return eval(expression, self.namespace)
 
     def script(self) -> list[str]:
         return [self.preamble.rstrip(), *self.lines]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oracle.campaign import RunResult, run_seeds
-from oracle.engine import EngineAdapter
+from oracle.engine import BadInput, EngineAdapter
 from oracle.engine_machine import EngineMachine, EngineTally
 from oracle.findings import reproduction, run_reproduction
 
@@ -29,6 +29,14 @@ class EngineRow:
         return "pass" if self.result.passed else "VIOLATION"
 
 
+def restricted(adapter: type[EngineAdapter], kind: BadInput) -> type[EngineAdapter]:
+    """The adapter making only one kind of bad call (to find what each kind does)."""
+    if kind not in adapter.bad_inputs:
+        known = ", ".join(sorted(b.value for b in adapter.bad_inputs)) or "none"
+        raise ValueError(f"{adapter.name} cannot make the bad call {kind.value} (it can make: {known})")
+    return type(f"{adapter.__name__}_{kind.value}", (adapter,), {"bad_inputs": frozenset({kind})})
+
+
 def engine_machine(adapter: type[EngineAdapter], bad_input: bool) -> type[EngineMachine]:
     suffix = "_bad_input" if bad_input else ""
     return type(f"EngineMachine_{adapter.name}{suffix}", (EngineMachine,),
@@ -45,7 +53,8 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     if result.violation is None:
         return row
     repro_dir.mkdir(parents=True, exist_ok=True)
-    path = repro_dir / f"{adapter.name}{'_bad_input' if bad_input else ''}_{result.first_id.lower().replace('-', '_')}.py"
+    step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
+    path = repro_dir / f"{adapter.name}_{step}_{result.first_id.lower().replace('-', '_')}.py"
     path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
     return EngineRow(name, machine.tally, result, row.seconds, path, run_reproduction(path))
 

@@ -143,9 +143,8 @@ class EngineMachine(RuleBasedStateMachine):
     def bad_input(self, kind: BadInput, i: int) -> None:
         if kind not in self.adapter.bad_inputs:
             return
-        if kind is BadInput.DOUBLE_FINISH and not self.gone and self.live:
-            self.finish(i)  # so that there is a finished request to finish again
-        rid = self.gone[-1] if kind is BadInput.DOUBLE_FINISH and self.gone else self._pick(i)
+        twice = kind in (BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)  # about a finished request
+        rid = (self.gone[-1] if self.gone else None) if twice else self._pick(i)
         name = f"bad_input:{kind.value}"
         before = self.adapter.observe()
         try:

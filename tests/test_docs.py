@@ -25,7 +25,7 @@ def spec_ids() -> set[str]:
 
 def test_code_cites_only_defined_ids() -> None:
     cited = {m for d in ("spec", "kvcache", "scheduler", "oracle", "proofs")
-             for f in (ROOT / d).glob("*.py") for m in ID.findall(f.read_text())}
+             for f in (ROOT / d).rglob("*.py") for m in ID.findall(f.read_text())}
     assert cited <= set(PROPERTIES), sorted(cited - set(PROPERTIES))
 
 

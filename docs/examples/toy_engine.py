@@ -78,6 +78,8 @@ class ToyAdapter(Scripted):
     assertions = (
         "held = [b for t in engine.tables.values() for b in t]\n"
         "assert not set(held) & set(engine.free_list), 'INV-NO-UAF: a held block is on the free list'\n"
+        "if not held:  # nothing runs: every block is free or cached and idle\n"
+        "    assert len(set(engine.free_list) | set(engine.refs)) == 6, 'LIVE-DRAIN: a block is lost'\n"
     )
 
     def __init__(self) -> None:
@@ -97,7 +99,7 @@ class ToyAdapter(Scripted):
         self.run(f"engine.finish({rid!r})")
 
     def evict(self, blocks: int) -> int:
-        return int(self.run(f"_ = engine.evict({blocks})"))  # type: ignore[call-overload]
+        return int(self.run(f"_ = engine.evict({blocks})"))
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         if kind is BadInput.DOUBLE_FINISH and rid is not None and rid not in self.engine.tables:

@@ -145,6 +145,8 @@ for n in nodes:
     assert n.shared_count == held[n.block_id], f"INV-REFCOUNT: node {n.node_id} (block {n.block_id}) has shared_count {n.shared_count}, held by {held[n.block_id]}"
 assert len(pcm.node_map) == len(nodes), f"INV-COUNTERS: node_map has {len(pcm.node_map)} nodes, the radix tree {len(nodes)}"
 assert len(pcm.req_leaf_map) == len(running), f"INV-COUNTERS: req_leaf_map tracks {len(pcm.req_leaf_map)} requests, {len(running)} are running"
+if not running:  # nothing runs: every block is free or reclaimable by eviction
+    assert len(set(free) | evictable) == pcm.num_gpu_blocks, f"LIVE-DRAIN: only {len(set(free) | evictable)} of {pcm.num_gpu_blocks} blocks are free or evictable"
 """
 
 

@@ -50,9 +50,11 @@ from collections import Counter
 free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 tables = mgr.coordinator.single_type_managers[0].req_to_blocks
 held = Counter(b.block_id for blocks in tables.values() for b in set(blocks))
+assert len(free) == len(set(free)), f"INV-CONSERVE: free queue {free} lists a block twice"
+assert not set(held) & set(free), f"INV-NO-UAF: blocks {set(held) & set(free)} are held and free"
 for b in pool.blocks[1:]:
     assert b.ref_cnt >= 0, f"INV-REFCOUNT: block {b.block_id} has ref_cnt {b.ref_cnt}"
     assert b.ref_cnt == held[b.block_id], f"INV-REFCOUNT: block {b.block_id} has ref_cnt {b.ref_cnt}, held by {held[b.block_id]}"
-assert len(free) == len(set(free)), f"INV-CONSERVE: free queue {free} lists a block twice"
-assert not set(held) & set(free), f"INV-NO-UAF: blocks {set(held) & set(free)} are held and free"
 assert pool.get_num_free_blocks() == len(free), f"INV-COUNTERS: {pool.get_num_free_blocks()} free reported, {len(free)} queued"
+if not held:  # nothing holds a block: every usable block is back in the free queue
+    assert len(set(free)) == len(pool.blocks) - 1, f"LIVE-DRAIN: only {len(set(free))} of {len(pool.blocks) - 1} blocks are free"

@@ -1,0 +1,134 @@
+# kvoracle reproduction: sglang, INV-CONSERVE
+# found by: bad_input(i=0, kind=BadInput.OUT_OF_RANGE)
+# after bad_input:out_of_range:
+#   INV-CONSERVE: free list holds ids [7] outside range(1, 7)
+#   INV-CONSERVE: 7 free blocks but only 6 exist
+# Run it in the engine's environment; it fails with the ID above while the engine has the bug.
+
+import importlib.abc, importlib.machinery, sys, types
+
+
+class _Anything:
+    def __init__(self, *args, **kwargs): pass
+    def __call__(self, *args, **kwargs): return _Anything()
+    def __getattr__(self, name): return _Anything()
+    def __mro_entries__(self, bases): return (object,)
+
+
+def _module_getattr(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Anything()
+
+
+class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    # sglang.srt.configs imports torchvision at module level (multimodal preprocessing);
+    # PyPI's torchvision cannot load next to CPU torch, and the radix cache never uses it.
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "torchvision" else None
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__path__, m.__getattr__, m.__version__ = [], _module_getattr, "0.0.0"
+        return m
+    def exec_module(self, module): pass
+
+
+sys.meta_path.insert(0, _TorchvisionStandIn())
+
+from array import array
+from types import SimpleNamespace
+
+import torch
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+P = 4
+alloc = PagedTokenToKVPoolAllocator(24, P, torch.float16, "cpu", kvcache=None, need_sort=False)  # pages 1..6
+rows = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
+tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=P))
+
+
+def request(rid, tokens):
+    ids = array("q", tokens)
+    kv = SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0, swa_evict_floor=0)
+    return SimpleNamespace(rid=rid, full_untruncated_fill_ids=ids, origin_input_ids=ids, extra_key=None,
+                           cache_salt=None, priority=None, kv=kv, lock=None, last_node=None)
+
+
+def pages_for(req, n):  # n new tokens: the free slots of the last page first, then whole pages
+    have = len(req.full_untruncated_fill_ids)
+    return max(0, -(-(have + n) // P) - -(-have // P))
+
+
+def room(pages):  # as the scheduler does before allocating: evict the tree for the shortfall
+    short = pages * P - alloc.available_size()
+    if short > 0:
+        tree.evict(EvictParams(num_tokens=short))
+    return alloc.available_size() >= pages * P
+
+
+def admit(req):
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids)))
+    req.last_node, matched = m.last_device_node, m.device_prefix_len
+    req.lock = tree.lock(req.last_node)  # the matched prefix cannot be evicted from here on
+    new = len(req.full_untruncated_fill_ids) - matched
+    if not room(-(-new // P)):
+        tree.unlock(req.lock)
+        req.lock = None
+        return None
+    row = req.kv.req_pool_idx = rows.alloc_rows(1)[0]
+    req.kv.cache_protected_len = matched
+    rows.write((row, slice(0, matched)), tree.path_device_indices(req.last_node)[:matched])
+    rows.write((row, slice(matched, matched + new)), alloc.alloc(-(-new // P) * P)[:new].to(torch.int32))
+    return matched
+
+
+def grow(req, tokens):
+    have, n = len(req.full_untruncated_fill_ids), len(tokens)
+    fresh = pages_for(req, n)
+    if not room(fresh):
+        return None
+    row = req.kv.req_pool_idx
+    in_page = min(n, -have % P)
+    if in_page:
+        last = int(rows.req_to_token[row, have - 1])
+        rows.write((row, slice(have, have + in_page)), torch.arange(last + 1, last + 1 + in_page, dtype=torch.int32))
+    if fresh:
+        rows.write((row, slice(have + in_page, have + n)), alloc.alloc(fresh * P)[: n - in_page].to(torch.int32))
+    req.full_untruncated_fill_ids = req.full_untruncated_fill_ids + array("q", tokens)
+    return True
+
+
+def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a plain request
+    end = len(req.full_untruncated_fill_ids)
+    tree.checkpoint(req, up_to=end)
+    alloc.free(rows.req_to_token[req.kv.req_pool_idx, req.kv.cache_protected_len:end].to(torch.int64))
+    tree.unlock(req.lock)
+    req.lock = None
+    rows.free_rows([req.kv.req_pool_idx])
+
+# the engine calls of the shrunk program
+alloc.free(torch.tensor([28]))
+
+# kvoracle's checks, in SGLang's own terms (pages: slot // P)
+from collections import Counter
+free = alloc.free_pages.tolist()
+nodes, todo = [], list(tree.root_node.children.values())
+while todo:
+    nodes.append(todo.pop())
+    todo.extend(nodes[-1].children.values())
+live = [r for r in globals().values() if isinstance(r, SimpleNamespace) and getattr(r, "lock", None) is not None]
+tables = {r.rid: {int(s) // P for s in rows.req_to_token[r.kv.req_pool_idx, :len(r.full_untruncated_fill_ids)]} for r in live}
+held = Counter(p for t in tables.values() for p in t)
+assert len(free) == len(set(free)), f"INV-CONSERVE: free pages {free} list a page twice"
+assert set(free) <= set(range(1, alloc.num_pages + 1)), f"INV-CONSERVE: free pages {free} hold ids outside 1..{alloc.num_pages}"
+assert len(free) * P <= alloc.size, f"INV-CONSERVE: {len(free) * P} free slots, capacity {alloc.size}"
+evictable = {int(s) // P for n in nodes if n.lock_ref == 0 for s in n.value}
+assert not set(held) & (set(free) | evictable), f"INV-NO-UAF: pages {sorted(set(held) & (set(free) | evictable))} are held and free or evictable"
+for n in nodes:
+    for p in {int(s) // P for s in n.value}:
+        assert n.lock_ref >= 0, f"INV-REFCOUNT: node {n.id} has lock_ref {n.lock_ref}"
+        assert n.lock_ref == held[p], f"INV-REFCOUNT: node {n.id} (page {p}) has lock_ref {n.lock_ref}, held by {held[p]}"
