@@ -211,5 +211,17 @@ class Scripted:
         exec(compile(statement, "<engine call>", "exec"), self.namespace)
         return self.namespace.get("_")
 
+    def run_bad(self, statement: str) -> None:
+        """A bad call. If the engine refuses it by raising, the exception propagates (the
+        machine checks the refusal changed nothing) and the script keeps the call in a
+        form that does not stop a reproduction there."""
+        try:
+            self.run(statement)
+        except Exception as e:
+            self.lines[-1] = f"with suppress(Exception):  # refused: {repr(e).splitlines()[0]}\n    {statement}"
+            raise
+
     def script(self) -> list[str]:
-        return [self.preamble.rstrip(), *self.lines]
+        uses = any(line.startswith("with suppress(") for line in self.lines)
+        preamble = ("from contextlib import suppress\n" if uses else "") + self.preamble.rstrip()
+        return [preamble, *self.lines]

@@ -13,7 +13,8 @@ import pytest
 
 from kvcache.manager import CacheManager
 from oracle.campaign import run_machine
-from oracle.engine import NoRoom, Observation, Op, check, drained
+from kvcache.errors import DoubleFree
+from oracle.engine import BadInput, NoRoom, Observation, Op, check, drained
 from oracle.engine_campaign import engine_machine, run_engine
 from oracle.engine_machine import prompt
 from oracle.engines import ENGINES, EngineUnavailable, adapter_class
@@ -136,3 +137,14 @@ def test_engine_cli_errors_are_specific(args: list[str], message: str) -> None:
     done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", *args], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_refused_bad_call_stays_in_the_script_without_stopping_it() -> None:
+    a = ReferenceAdapter()
+    a.admit("r0", prompt(0, a.block_size))
+    with pytest.raises(DoubleFree):
+        a.bad_input(BadInput.DOUBLE_FREE, None)
+    script = a.script()
+    assert script[0].startswith("from contextlib import suppress")
+    assert script[-1].startswith("with suppress(Exception):  # refused: DoubleFree(")
+    exec("\n".join(script), {})  # replays to the end

@@ -103,7 +103,7 @@ class ToyAdapter(Scripted):
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         if kind is BadInput.DOUBLE_FINISH and rid is not None and rid not in self.engine.tables:
-            self.run(f"engine.finish({rid!r})")
+            self.run_bad(f"engine.finish({rid!r})")
             return True
         return False
 

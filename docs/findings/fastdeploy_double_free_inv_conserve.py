@@ -4,7 +4,6 @@
 #   INV-CONSERVE: blocks [3] are on the free list twice
 # Run it in the engine's environment; it fails with the ID above while the engine has the bug.
 
-from contextlib import suppress
 from types import SimpleNamespace
 
 import numpy as np

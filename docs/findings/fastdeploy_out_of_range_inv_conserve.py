@@ -4,7 +4,6 @@
 #   INV-CONSERVE: free list holds ids [6] outside range(0, 6)
 # Run it in the engine's environment; it fails with the ID above while the engine has the bug.
 
-from contextlib import suppress
 from types import SimpleNamespace
 
 import numpy as np

@@ -30,7 +30,6 @@ BLOCK = 4
 NUM_BLOCKS = 6  # GPU blocks 0..5; FastDeploy has no reserved null block
 
 PREAMBLE = f"""\
-from contextlib import suppress
 from types import SimpleNamespace
 
 import numpy as np
@@ -188,24 +187,15 @@ class FastDeployAdapter(Scripted):
             free = self.pcm.gpu_free_block_list
             if not free:
                 return False
-            self._bad(f"pcm.recycle_gpu_blocks([{free[0]}])")  # a block that is already free
+            self.run_bad(f"pcm.recycle_gpu_blocks([{free[0]}])")  # a block that is already free
             return True
         if kind is BadInput.OUT_OF_RANGE:
-            self._bad(f"pcm.recycle_gpu_blocks([{NUM_BLOCKS}])")
+            self.run_bad(f"pcm.recycle_gpu_blocks([{NUM_BLOCKS}])")
             return True
         if kind is BadInput.DOUBLE_FINISH and rid is not None and rid in self.namespace and rid not in self.running:
-            self._bad(f"finish({rid})")  # release_block_ids raises KeyError: a refusal
+            self.run_bad(f"finish({rid})")  # release_block_ids raises KeyError: a refusal
             return True
         return False
-
-    def _bad(self, statement: str) -> None:
-        """A bad call; if FastDeploy refuses it by raising, the script keeps it in a form
-        that does not stop a reproduction there (the machine still sees the exception)."""
-        try:
-            self.run(statement)
-        except Exception as e:
-            self.lines[-1] = f"with suppress(Exception): {statement}  # FastDeploy refuses it: {repr(e).splitlines()[0]}"
-            raise
 
     def observe(self) -> Observation:
         pcm = self.pcm

@@ -84,11 +84,11 @@ class ReferenceAdapter(Scripted):
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         c = self.cache
         if kind is BadInput.DOUBLE_FREE and c.gpu.num_free:
-            self.run(f"cache.gpu.free([GpuBlock({c.gpu.free_blocks()[-1]})])")
+            self.run_bad(f"cache.gpu.free([GpuBlock({c.gpu.free_blocks()[-1]})])")
         elif kind is BadInput.OUT_OF_RANGE:
-            self.run(f"cache.gpu.free([GpuBlock({c.gpu.size})])")
+            self.run_bad(f"cache.gpu.free([GpuBlock({c.gpu.size})])")
         elif kind is BadInput.DOUBLE_FINISH and rid is not None and rid not in self.tokens:
-            self.run(f"cache.release(RequestId({rid[1:]}))")
+            self.run_bad(f"cache.release(RequestId({rid[1:]}))")
         else:
             return False
         return True

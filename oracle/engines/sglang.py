@@ -199,11 +199,11 @@ class SglangAdapter(Scripted):
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         free = self.alloc.free_pages.tolist()
         if kind is BadInput.DOUBLE_FREE and free:
-            self.run(f"alloc.free(torch.tensor([{free[-1] * PAGE}]))")
+            self.run_bad(f"alloc.free(torch.tensor([{free[-1] * PAGE}]))")
         elif kind is BadInput.OUT_OF_RANGE:
-            self.run(f"alloc.free(torch.tensor([{(PAGES + 1) * PAGE}]))")
+            self.run_bad(f"alloc.free(torch.tensor([{(PAGES + 1) * PAGE}]))")
         elif kind is BadInput.DOUBLE_UNLOCK and self._shared_after_finish(rid):
-            self.run(f"tree.dec_lock_ref({rid}.last_node)")  # finish unlocked it once already
+            self.run_bad(f"tree.dec_lock_ref({rid}.last_node)")  # finish unlocked it once already
         else:
             return False
         return True

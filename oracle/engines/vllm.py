@@ -113,10 +113,10 @@ class VllmAdapter(Scripted):
             free = self.pool.free_block_queue.get_all_free_blocks()
             if not free:
                 return False
-            self.run(f"pool.free_blocks([pool.blocks[{free[0].block_id}]])")
+            self.run_bad(f"pool.free_blocks([pool.blocks[{free[0].block_id}]])")
             return True
         if kind is BadInput.DOUBLE_FINISH and rid is not None and rid in self.namespace:
-            self.run(f"mgr.free({rid})")
+            self.run_bad(f"mgr.free({rid})")
             return True
         return False
 
