@@ -35,7 +35,8 @@ prove-deep: $(STAMP)
 docs: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m oracle.mutant_docs
 
-# Engine environments: torch 2.13.0 (the CPU wheel; the constraint keeps CUDA wheels out),
+# Engine environments: torch 2.13.0+cpu (the CPU wheel: on disk here; elsewhere add PyTorch's
+# CPU index, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; the constraint keeps CUDA wheels out),
 # the engine with --no-deps, exactly the pins in engines/<engine>.txt, and kvoracle itself.
 ENGINE_PIN_vllm := vllm==0.33.0
 ENGINE_PIN_sglang := sglang==0.5.23
@@ -44,7 +45,7 @@ ENGINE_PIP = .venv-$*/bin/pip install -q --disable-pip-version-check -c engines/
 .venv-%/.installed: engines/%.txt engines/torch.txt pyproject.toml
 	rm -rf .venv-$*
 	$(PYTHON) -m venv .venv-$*
-	$(ENGINE_PIP) torch==2.13.0
+	$(ENGINE_PIP) torch==2.13.0+cpu
 	$(ENGINE_PIP) --no-deps $(ENGINE_PIN_$*)
 	$(ENGINE_PIP) --no-deps -r engines/$*.txt
 	$(ENGINE_PIP) --no-deps -e .

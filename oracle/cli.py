@@ -16,6 +16,8 @@ from oracle.engine import BadInput
 from oracle.engines import ENGINES
 from oracle.mutants import MUTANTS
 from oracle.scheduler_machine import FAULT_RATE
+
+FAULT_RATE_DEFAULT = 0.3
 from oracle.targets import Target, all_targets, tally_of
 
 
@@ -90,6 +92,9 @@ def show(rows: Sequence[Row]) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.engine or args.adapter:
         return cmd_check_engine(args)
+    if args.bad_input:
+        print("kvoracle check: --bad-input needs --engine or --adapter", file=sys.stderr)
+        return 2
     targets = all_targets()
     if args.mutant:
         names = {t.name for t in targets}
@@ -134,12 +139,25 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     from oracle.engine_campaign import engine_table, restricted, run_engine
     from oracle.engines import EngineUnavailable, adapter_class, load_adapter
 
+    reference_only = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
+                                            ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT),
+                                            ("--kv-backend", args.kv_backend), ("--record", args.record)) if on]
+    if args.engine and args.adapter or reference_only:
+        why = "--engine and --adapter exclude each other" if args.engine and args.adapter else \
+            f"{', '.join(reference_only)}: only for the reference campaign, not with --engine/--adapter"
+        print(f"kvoracle check: {why}", file=sys.stderr)
+        return 2
     try:
         adapter = load_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
         if args.bad_input:
             adapter = restricted(adapter, BadInput(args.bad_input))
     except (EngineUnavailable, ValueError, ImportError) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
+        return 2
+    try:
+        adapter()  # an adapter that cannot build its engine is reported here, not as a finding
+    except Exception as e:
+        print(f"kvoracle check: the {adapter.name} adapter could not build its engine: {e!r}", file=sys.stderr)
         return 2
     label = adapter.name
     seeds = list(range(args.seed, args.seed + args.seeds))
@@ -155,7 +173,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
             continue
         print(f"\n{r.target}: {r.result.violation}")
         print("\n".join(f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)))
-        confirmed = f"fails standalone with {r.reproduces}" if r.reproduces else "does NOT fail standalone"
+        confirmed = (f"fails standalone with {r.reproduces}" if r.confirmed
+                     else f"does NOT fail standalone with {r.result.first_id}: {r.reproduces or 'it passes'}")
         print(f"  reproduction: {r.reproduction} ({confirmed})")
     found = [r for r in rows if r.result.violation is not None]
     print(f"\n{label}: {len(found)} of {len(rows)} campaigns found a violation")
@@ -237,13 +256,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--bad-input", choices=[b.value for b in BadInput],
                    help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
     c.add_argument("--repro-dir", default="out/repro", metavar="DIR",
-                   help="with --engine: where reproduction files are written (default out/repro)")
+                   help="with --engine/--adapter: where reproduction files are written (default out/repro)")
     c.add_argument("--seeds", type=int, default=3,
                    help="seeds per target; a mutant's run stops at its first kill (default 3)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     c.add_argument("--examples", type=int, default=150, help="programs per seed (default 150)")
     c.add_argument("--steps", type=int, default=100, help="max steps per program (default 100)")
-    c.add_argument("--fault-rate", type=float, default=0.3,
+    c.add_argument("--fault-rate", type=float, default=FAULT_RATE_DEFAULT,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
     c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],

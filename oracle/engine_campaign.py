@@ -25,6 +25,11 @@ class EngineRow:
     reproduces: str = ""  # what the reproduction failed with ('' : it did not fail)
 
     @property
+    def confirmed(self) -> bool:
+        """The reproduction fails standalone with the campaign's first violated ID."""
+        return self.reproduces.startswith(f"AssertionError: {self.result.first_id}")
+
+    @property
     def verdict(self) -> str:
         return "pass" if self.result.passed else "VIOLATION"
 
@@ -54,7 +59,8 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
         return row
     repro_dir.mkdir(parents=True, exist_ok=True)
     step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
-    path = repro_dir / f"{adapter.name}_{step}_{result.first_id.lower().replace('-', '_')}.py"
+    campaign = "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
+    path = repro_dir / f"{adapter.name}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
     path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
     return EngineRow(name, machine.tally, result, row.seconds, path, run_reproduction(path))
 

@@ -30,7 +30,6 @@ class EngineTally:
     bad_inputs: int = 0
     tolerated: int = 0  # bad calls accepted without any effect
     refused: int = 0  # admissions and growths the engine had no room for
-    faults: int = 0  # engines are driven without faults; kept for the campaign table
     per_rule: dict[str, int] = field(default_factory=dict)
 
 
@@ -47,6 +46,9 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.adapter = type(self).make_adapter()
+        missing = {Op.ADMIT, Op.FINISH} - self.adapter.operations
+        if missing:
+            raise TypeError(f"{self.adapter.name}: an adapter must support {sorted(op.value for op in missing)}")
         self.live: dict[str, int] = {}  # request -> tokens held
         self.gone: list[str] = []
         self.next_request = 0
@@ -63,15 +65,18 @@ class EngineMachine(RuleBasedStateMachine):
         if found:
             raise PropertyViolated(name, found)
 
-    def _call(self, name: str, call: Callable[[], object]) -> bool:
-        """A valid call. False: the engine had no room, and must have changed nothing."""
+    def _call(self, name: str, call: Callable[[], object], undo: Callable[[], None] = lambda: None) -> bool:
+        """A valid call. False: the engine had no room (then `undo` takes back what the
+        machine expected of the call), and must have changed nothing."""
         before = self.adapter.observe()
         try:
             call()
         except NoRoom:
+            undo()
             type(self).tally.refused += 1
             self._count(name)
             self._kept(name, before)
+            self._check(name)
             return False
         except PropertyViolated:
             raise
@@ -85,14 +90,23 @@ class EngineMachine(RuleBasedStateMachine):
         """A refused call may evict cached blocks (policy), but must leave every request's
         blocks where they were and lose no block."""
         after = self.adapter.observe()
-        if after.tables != before.tables or _reclaimable(after) != _reclaimable(before):
-            raise PropertyViolated(name, [Violation("INV-CONSERVE", f"refused for lack of room, but blocks moved: "
+        if after.tables != before.tables:
+            raise PropertyViolated(name, [Violation("INV-REQUEST", f"refused for lack of room, but a table changed: "
+                                                                   f"{_diff(before, after)}")])
+        if _reclaimable(after) != _reclaimable(before):
+            raise PropertyViolated(name, [Violation("INV-CONSERVE", f"refused for lack of room, but blocks were lost: "
                                                                     f"{_diff(before, after)}")])
 
     def _unchanged(self, name: str, before: Observation, how: str) -> None:
         after = self.adapter.observe()
         if after != before:
             raise PropertyViolated(name, [Violation("BAD-INPUT", f"{how}, but the state changed: {_diff(before, after)}")])
+
+    def _forget(self, rid: str) -> None:
+        del self.live[rid]
+
+    def _shrink(self, rid: str, tokens: int) -> None:
+        self.live[rid] -= tokens
 
     def _pick(self, i: int) -> str | None:
         return sorted(self.live)[i % len(self.live)] if self.live else None
@@ -110,8 +124,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.next_request += 1
         tokens = prompt(p, self.adapter.block_size)
         self.live[rid] = len(tokens)  # before the call: the check after it expects the request
-        if not self._call("admit", lambda: self.adapter.admit(rid, tokens)):
-            del self.live[rid]
+        self._call("admit", lambda: self.adapter.admit(rid, tokens), undo=lambda: self._forget(rid))
 
     @precondition(lambda self: self.supports(Op.GROW))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
@@ -121,8 +134,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         more = [token] * self.adapter.block_size
         self.live[rid] += len(more)
-        if not self._call("grow", lambda: self.adapter.grow(rid, more)):
-            self.live[rid] -= len(more)
+        self._call("grow", lambda: self.adapter.grow(rid, more), undo=lambda: self._shrink(rid, len(more)))
 
     @rule(i=st.integers(0, 7))
     def finish(self, i: int) -> None:

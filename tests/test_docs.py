@@ -66,3 +66,12 @@ def test_mutant_page_is_fresh() -> None:
     done = subprocess.run([sys.executable, "-m", "oracle.mutant_docs", "--check"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+
+
+def test_model_shows_the_generated_counterexample_of_seed_bug_b() -> None:
+    """docs/model.md copies the steps of write-raise-finish from the generated mutants.md."""
+    model = (ROOT / "docs" / "model.md").read_text()
+    mutants = (ROOT / "docs" / "mutants.md").read_text()
+    shown = model.split("## What must hold after `finish` when the storage write raises")[1].split("```")[1]
+    generated = mutants.split("## write-raise-finish")[1].split("```")[1]
+    assert shown.strip().splitlines() == generated.strip().splitlines()[: len(shown.strip().splitlines())]

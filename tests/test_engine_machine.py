@@ -87,11 +87,13 @@ def test_every_operation_and_bad_input_is_driven() -> None:
 
 
 def test_unavailable_engine_says_how_to_get_it() -> None:
-    for name, e in ENGINES.items():
-        try:
+    missing = [name for name, e in ENGINES.items() if importlib.util.find_spec(e.requires) is None]
+    if not missing:
+        pytest.skip("every engine is importable here")
+    for name in missing:
+        e = ENGINES[name]
+        with pytest.raises(EngineUnavailable, match=f"{e.requires} {e.version}"):
             adapter_class(name)
-        except EngineUnavailable as err:
-            assert e.requires in str(err)
     with pytest.raises(KeyError, match="no engine named"):
         adapter_class("nonesuch")
 

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make engines` in .venv-vllm")
 
-from oracle.engine import BadInput
-from oracle.engine_campaign import run_engine
-from oracle.engines.vllm import VllmAdapter
-from engine_findings import assert_reproduces, reproductions
+from oracle.engine import BadInput  # noqa: E402
+from oracle.engine_campaign import run_engine  # noqa: E402
+from oracle.engines.vllm import VllmAdapter, VllmSchedulerAdapter  # noqa: E402
+from engine_findings import assert_reproduces, reproductions  # noqa: E402
 
 
 def test_valid_input_keeps_every_observable_invariant(tmp_path: Path) -> None:
@@ -24,6 +24,29 @@ def test_double_free_is_found_and_reproduces(tmp_path: Path) -> None:
     row = run_engine(VllmAdapter, True, [0], 150, 40, tmp_path)
     assert row.result.first_id == "INV-REFCOUNT", row.result.violation
     assert row.reproduction is not None and row.reproduces.startswith("AssertionError: INV-REFCOUNT")
+
+
+def test_full_scheduler_keeps_every_observable_invariant(tmp_path: Path) -> None:
+    row = run_engine(VllmSchedulerAdapter, False, [0], 100, 40, tmp_path)
+    assert row.result.passed, row.result.violation
+    assert row.tally.steps > 1000
+
+
+def test_full_scheduler_preempts_and_the_machine_follows() -> None:
+    """Two requests share a prefix and decode until the pool is short: the scheduler
+    preempts the later one (its blocks go back, it waits), then resumes it with prefix
+    hits once the first is finished."""
+    a = VllmSchedulerAdapter()
+    a.admit("r0", [1] * 10)
+    a.admit("r1", [1] * 8 + [2] * 2)
+    for _ in range(6):
+        a.grow("r0", [])
+    o = a.observe()
+    assert o.waiting == frozenset({"r1"}) and set(o.tables or {}) == {"r0"}
+    a.finish("r0")
+    a.grow("r1", [])
+    o = a.observe()
+    assert o.waiting == frozenset() and set(o.tables or {}) == {"r1"}
 
 
 def test_second_free_of_a_request_is_tolerated() -> None:

@@ -2,7 +2,6 @@
 # found by: bad_input(i=0, kind=BadInput.DOUBLE_FREE)
 # after bad_input:double_free:
 #   INV-CONSERVE: blocks [6] are on the free list twice
-#   INV-CONSERVE: 7 free blocks but only 6 exist
 # Run it in the engine's environment; it fails with the ID above while the engine has the bug.
 
 import importlib.abc, importlib.machinery, sys, types
@@ -132,3 +131,8 @@ for n in nodes:
     for p in {int(s) // P for s in n.value}:
         assert n.lock_ref >= 0, f"INV-REFCOUNT: node {n.id} has lock_ref {n.lock_ref}"
         assert n.lock_ref == held[p], f"INV-REFCOUNT: node {n.id} (page {p}) has lock_ref {n.lock_ref}, held by {held[p]}"
+assert alloc.available_size() == P * len(free), f"INV-COUNTERS: available_size {alloc.available_size()}, {len(free)} free pages"
+idle = sum(len(n.value) for n in nodes if n.lock_ref == 0)
+assert tree.evictable_size_ == idle, f"INV-COUNTERS: evictable_size_ {tree.evictable_size_}, unlocked nodes hold {idle}"
+if not live:  # nothing runs: every page is free or evictable
+    assert len(set(free) | evictable) == alloc.num_pages, f"LIVE-DRAIN: only {len(set(free) | evictable)} of {alloc.num_pages} pages are free or evictable"

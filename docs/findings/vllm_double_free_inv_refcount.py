@@ -4,10 +4,11 @@
 #   INV-REFCOUNT: blocks [1] have a negative reference count
 # Run it in the engine's environment; it fails with the ID above while the engine has the bug.
 
+import os
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM first looks for a platform
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
@@ -16,12 +17,15 @@ init_none_hash(sha256)
 hasher = get_request_block_hasher(4, sha256)
 layer = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float16)
 config = KVCacheConfig(num_blocks=7, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
-mgr = KVCacheManager(config, max_model_len=4096, scheduler_block_size=4, hash_block_size=4)
-pool = mgr.block_pool
 
 
 def request(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens=4096), None, block_hasher=hasher)
+    return Request(rid, tokens, SamplingParams(max_tokens=256), None, block_hasher=hasher)
+
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+mgr = KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+pool = mgr.block_pool
 
 
 def admit(req):
@@ -49,7 +53,7 @@ pool.free_blocks([pool.blocks[1]])
 from collections import Counter
 free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 tables = mgr.coordinator.single_type_managers[0].req_to_blocks
-held = Counter(b.block_id for blocks in tables.values() for b in set(blocks))
+held = Counter(i for blocks in tables.values() for i in {b.block_id for b in blocks})
 assert len(free) == len(set(free)), f"INV-CONSERVE: free queue {free} lists a block twice"
 assert not set(held) & set(free), f"INV-NO-UAF: blocks {set(held) & set(free)} are held and free"
 for b in pool.blocks[1:]:

@@ -27,6 +27,7 @@ ENGINES: dict[str, Engine] = {
     for e in (
         Engine("reference", "oracle.engines.reference", "ReferenceAdapter", "kvcache", "", "this tree"),
         Engine("vllm", "oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
+        Engine("vllm-scheduler", "oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
         Engine("sglang", "oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
         Engine("fastdeploy", "oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
     )
@@ -43,7 +44,7 @@ def adapter_class(name: str) -> type[EngineAdapter]:
     e = ENGINES[name]
     if importlib.util.find_spec(e.requires) is None:
         where = f"run `make engines`, then use {e.venv}/bin/kvoracle" if e.venv else "see docs/engines.md"
-        raise EngineUnavailable(f"{name} is not importable in this Python ({e.requires} not installed); {where}")
+        raise EngineUnavailable(f"{name} ({e.requires} {e.version}) is not importable in this Python; {where}")
     cls: type[EngineAdapter] = getattr(importlib.import_module(e.module), e.adapter)
     return cls
 

@@ -12,6 +12,7 @@ Runs in `.venv-vllm` (`make engines`); importing this module does not import vLL
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +20,15 @@ from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
+MAX_LEN = 256
 
-PREAMBLE = f"""\
+# What both setups share: the block hasher, the KV cache layout, requests.
+COMMON = f"""\
+import os
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM first looks for a platform
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
@@ -33,12 +37,17 @@ init_none_hash(sha256)
 hasher = get_request_block_hasher({BLOCK}, sha256)
 layer = FullAttentionSpec(block_size={BLOCK}, num_kv_heads=1, head_size=8, dtype=torch.float16)
 config = KVCacheConfig(num_blocks={NUM_BLOCKS}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
-mgr = KVCacheManager(config, max_model_len=4096, scheduler_block_size={BLOCK}, hash_block_size={BLOCK})
-pool = mgr.block_pool
 
 
 def request(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens=4096), None, block_hasher=hasher)
+    return Request(rid, tokens, SamplingParams(max_tokens={MAX_LEN}), None, block_hasher=hasher)
+"""
+
+PREAMBLE = COMMON + f"""
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+mgr = KVCacheManager(config, max_model_len={MAX_LEN}, scheduler_block_size={BLOCK}, hash_block_size={BLOCK})
+pool = mgr.block_pool
 
 
 def admit(req):
@@ -60,12 +69,52 @@ def grow(req, tokens):
     return got
 """
 
+# The full Scheduler needs a model config but no weights: a tiny Llama config.json in a
+# temporary folder, no tokenizer, and the KV cache size given by hand.
+SCHEDULER_PREAMBLE = """\
+import json, logging, os, tempfile
+os.environ.update(HF_HUB_OFFLINE="1")
+logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
+model = tempfile.mkdtemp()
+with open(os.path.join(model, "config.json"), "w") as f:
+    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
+""" + COMMON + f"""
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+cache_config = CacheConfig(block_size={BLOCK}, enable_prefix_caching=True)
+cache_config.num_gpu_blocks = {NUM_BLOCKS}
+vllm_config = VllmConfig(
+    model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len={MAX_LEN}, dtype="float16"),
+    cache_config=cache_config,
+    scheduler_config=SchedulerConfig(max_num_batched_tokens={MAX_LEN}, max_num_seqs=4, max_model_len={MAX_LEN},
+                                     is_encoder_decoder=False),
+)
+sched = Scheduler(vllm_config, config, StructuredOutputManager(vllm_config), block_size={BLOCK})
+mgr = sched.kv_cache_manager
+pool = mgr.block_pool
+
+
+def step(token=1):  # one engine step: schedule, then every scheduled request samples `token`
+    out = sched.schedule()
+    ids = list(out.num_scheduled_tokens)
+    ran = ModelRunnerOutput(req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}},
+                            sampled_token_ids=[[token] for _ in ids])
+    sched.update_from_output(out, ran)
+"""
+
 ASSERTIONS = """\
 # kvoracle's checks, in vLLM's own terms
 from collections import Counter
 free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 tables = mgr.coordinator.single_type_managers[0].req_to_blocks
-held = Counter(b.block_id for blocks in tables.values() for b in set(blocks))
+held = Counter(i for blocks in tables.values() for i in {b.block_id for b in blocks})
 assert len(free) == len(set(free)), f"INV-CONSERVE: free queue {free} lists a block twice"
 assert not set(held) & set(free), f"INV-NO-UAF: blocks {set(held) & set(free)} are held and free"
 for b in pool.blocks[1:]:
@@ -131,4 +180,52 @@ class VllmAdapter(Scripted):
             cached=frozenset(b.block_id for b in self.pool.blocks[1:] if b.block_hash is not None),
             refcounts={b.block_id: b.ref_cnt for b in self.pool.blocks[1:]},
             counters={"get_num_free_blocks": (self.pool.get_num_free_blocks(), len(queue))},
+        )
+
+
+class VllmSchedulerAdapter(VllmAdapter):
+    """vLLM's full v1 `Scheduler`: it decides who runs, grows every running request by
+    one token per step, and preempts (last admitted first) when a request cannot grow.
+
+    admit  = add_request, then one engine step (the request runs, or waits)
+    grow   = one engine step: every running request samples one token
+    finish = finish_requests(FINISHED_ABORTED) (the abort path; a request that stops
+             normally takes the same free in update_from_output)
+    """
+
+    name = "vllm-scheduler"
+    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH})
+    preamble = SCHEDULER_PREAMBLE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched: Any = self.namespace["sched"]
+
+    def admit(self, rid: str, tokens: Sequence[int]) -> int:
+        cached = {b.block_id for b in self.pool.blocks[1:] if b.block_hash is not None}
+        self.run(f"sched.add_request(request({rid!r}, {list(tokens)}))")
+        self.run("step()")
+        table = self.mgr.coordinator.single_type_managers[0].req_to_blocks.get(rid, [])
+        return len([b for b in table if b.block_id in cached])
+
+    def grow(self, rid: str, tokens: Sequence[int]) -> None:
+        self.run("step()")
+
+    def finish(self, rid: str) -> None:
+        self.run(f"sched.finish_requests({rid!r}, RequestStatus.FINISHED_ABORTED)")
+
+    def bad_input(self, kind: BadInput, rid: str | None) -> bool:
+        if kind is BadInput.DOUBLE_FINISH and rid is not None:
+            self.run_bad(f"sched.finish_requests({rid!r}, RequestStatus.FINISHED_ABORTED)")
+            return True
+        return super().bad_input(kind, rid) if kind is BadInput.DOUBLE_FREE else False
+
+    def observe(self) -> Observation:
+        o = super().observe()
+        running = {r.request_id: r for r in self.sched.running}
+        return dataclasses.replace(
+            o,
+            waiting=frozenset(r.request_id for r in self.sched.waiting) | frozenset(
+                r.request_id for r in getattr(self.sched, "skipped_waiting", ())),
+            tokens={rid: r.num_computed_tokens for rid, r in running.items()},
         )
