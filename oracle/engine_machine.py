@@ -81,7 +81,8 @@ class EngineMachine(RuleBasedStateMachine):
         except PropertyViolated:
             raise
         except Exception as e:
-            raise PropertyViolated(name, [Violation("VALID-INPUT", f"the engine raised {e!r} on a valid call")]) from e
+            why = f"the engine (or its adapter) raised {e!r} on a valid call"
+            raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)
         self._check(name)
         return True
