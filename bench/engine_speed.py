@@ -71,105 +71,44 @@ class ReferenceDriver:
         self.cache.release(self.rid(int(rid)))
 
 
-class VllmDriver:
-    def __init__(self, blocks: int) -> None:
-        import torch  # type: ignore[import-not-found,unused-ignore]
-        from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.request import Request
+class PreambleDriver:
+    """An engine set up, and driven, by its adapter's preamble (built at the bench's size):
+    its `match`, `place` and finish calls are the ones the engine machine checks."""
 
-        init_none_hash(sha256)
-        hasher = get_request_block_hasher(BLOCK, sha256)
-        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float16)
-        config = KVCacheConfig(num_blocks=blocks + 1, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
-        self.mgr = KVCacheManager(config, max_model_len=1 << 16, scheduler_block_size=BLOCK, hash_block_size=BLOCK)
-        self.params = SamplingParams(max_tokens=16)
-        self.new: Callable[[str, list[int]], Any] = lambda rid, t: Request(rid, t, self.params, None,
-                                                                             block_hasher=hasher)
+    def __init__(self, setup: str, finish: str) -> None:
+        self.ns: dict[str, Any] = {}
+        exec(setup, self.ns)
+        self.finish: Callable[[Any], None] = eval(finish, self.ns)
         self.requests: dict[str, Any] = {}
 
     def match(self, rid: str, tokens: list[int]) -> Any:
-        req = self.requests[rid] = self.new(rid, tokens)  # hashing the prompt is part of matching
-        return self.mgr.get_computed_blocks(req)
+        req = self.requests[rid] = self.ns["request"](rid, tokens)  # hashing the prompt is part of matching
+        return self.ns["match"](req)
 
     def allocate(self, rid: str, tokens: list[int], matched: Any) -> bool:
-        req = self.requests[rid]
-        hit, hit_tokens, _ = matched
-        got = self.mgr.allocate_slots(req, req.num_tokens - hit_tokens, hit_tokens, hit)
-        if got is None:
+        if self.ns["place"](self.requests[rid], matched) is None:
             del self.requests[rid]
             return False
         return True
 
     def free(self, rid: str) -> None:
-        self.mgr.free(self.requests.pop(rid))
+        self.finish(self.requests.pop(rid))
 
 
-class SglangDriver:
-    def __init__(self, blocks: int) -> None:
-        from oracle.engines.sglang import TORCHVISION_STANDIN
+def vllm_driver(blocks: int) -> Driver:
+    from oracle.engines.vllm import manager_preamble
 
-        exec(TORCHVISION_STANDIN, {})
-        import torch
-        from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-
-        self.torch, self.evict, self.match_params, self.key = torch, EvictParams, MatchPrefixParams, RadixKey
-        self.alloc = PagedTokenToKVPoolAllocator(blocks * BLOCK, BLOCK, torch.float16, "cpu", kvcache=None,
-                                                 need_sort=False)
-        self.rows = ReqToTokenPool(size=256, max_context_len=1 << 13, device="cpu", enable_memory_saver=False)
-        self.tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=self.rows,
-                                               token_to_kv_pool_allocator=self.alloc, page_size=BLOCK))
-        self.requests: dict[str, Any] = {}
-
-    def match(self, rid: str, tokens: list[int]) -> Any:
-        from array import array
-        from types import SimpleNamespace
-
-        ids = array("q", tokens)
-        m = self.tree.match_prefix(self.match_params(key=self.key(ids)))
-        kv = SimpleNamespace(req_pool_idx=None, cache_protected_len=m.device_prefix_len, cache_inserted_len=0,
-                             swa_evict_floor=0)
-        req = SimpleNamespace(rid=rid, full_untruncated_fill_ids=ids, origin_input_ids=ids, extra_key=None,
-                              cache_salt=None, priority=None, kv=kv, last_node=m.last_device_node,
-                              lock=self.tree.lock(m.last_device_node))
-        self.requests[rid] = req
-        return m.device_prefix_len
-
-    def allocate(self, rid: str, tokens: list[int], matched: Any) -> bool:
-        req, torch = self.requests[rid], self.torch
-        new = len(tokens) - matched
-        pages = -(-new // BLOCK)
-        short = pages * BLOCK - self.alloc.available_size()
-        if short > 0:
-            self.tree.evict(self.evict(num_tokens=short))
-        if self.alloc.available_size() < pages * BLOCK:
-            self.tree.unlock(req.lock)
-            del self.requests[rid]
-            return False
-        row = req.kv.req_pool_idx = self.rows.alloc_rows(1)[0]
-        self.rows.write((row, slice(0, matched)), self.tree.path_device_indices(req.last_node)[:matched])
-        self.rows.write((row, slice(matched, len(tokens))), self.alloc.alloc(pages * BLOCK)[:new].to(torch.int32))
-        return True
-
-    def free(self, rid: str) -> None:
-        req, torch = self.requests.pop(rid), self.torch
-        end = len(req.full_untruncated_fill_ids)
-        self.tree.checkpoint(req, up_to=end)
-        self.alloc.free(self.rows.req_to_token[req.kv.req_pool_idx, req.kv.cache_protected_len:end].to(torch.int64))
-        self.tree.unlock(req.lock)
-        self.rows.free_rows([req.kv.req_pool_idx])
+    return PreambleDriver(manager_preamble(BLOCK, blocks + 1, 1 << 16), "mgr.free")  # + vLLM's null block
 
 
-DRIVERS: dict[str, Callable[[int], Driver]] = {"reference": ReferenceDriver, "vllm": VllmDriver,
-                                               "sglang": SglangDriver}
+def sglang_driver(blocks: int) -> Driver:
+    from oracle.engines.sglang import preamble
+
+    return PreambleDriver(preamble(BLOCK, blocks, rows=256, context=1 << 13), "finish")
+
+
+DRIVERS: dict[str, Callable[[int], Driver]] = {"reference": ReferenceDriver, "vllm": vllm_driver,
+                                               "sglang": sglang_driver}
 
 
 def measure(driver: Driver, prompts: Sequence[list[int]], live: int) -> dict[str, float]:

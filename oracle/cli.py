@@ -15,6 +15,7 @@ from oracle.campaign import RunResult, readable, run_seeds
 from oracle.engine import BadInput
 from oracle.engines import ENGINES
 from oracle.mutants import MUTANTS
+from oracle.report import columns
 from oracle.scheduler_machine import FAULT_RATE
 
 FAULT_RATE_DEFAULT = 0.3
@@ -71,12 +72,7 @@ def table(rows: Sequence[Row]) -> str:
          r.first_id or "-", str(r.shrunk) if r.result else "-", f"{r.seconds:.1f}s")
         for r in rows
     ]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-
-    return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, body)])
+    return columns(head, body)
 
 
 def show(rows: Sequence[Row]) -> str:
@@ -227,9 +223,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
                    progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     head = ("property", "method", "scope", "explored", "time", "verdict")
     body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    for cells in (head, tuple("-" * w for w in widths), *body):
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+    print(columns(head, body))
     for r in rows:
         if r.detail and (not r.ok or args.show):
             print(f"\n{r.property_id} / {r.method}: {r.detail}")

@@ -100,6 +100,17 @@ class EngineAdapter(Protocol):
     assertions: str
 
 
+def descendants(root: Any) -> list[Any]:
+    """Every node below an engine's tree root, through each node's `children` dict
+    (SGLang's and FastDeploy's radix trees both link children that way)."""
+    out: list[Any] = []
+    todo = list(root.children.values())
+    while todo:
+        out.append(todo.pop())
+        todo.extend(out[-1].children.values())
+    return out
+
+
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from oracle.campaign import RunResult, run_seeds
 from oracle.engine import BadInput, EngineAdapter
 from oracle.engine_machine import EngineMachine, EngineTally
-from oracle.findings import reproduction, run_reproduction
+from oracle.findings import confirms, reproduction, run_reproduction
+from oracle.report import columns
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class EngineRow:
     @property
     def confirmed(self) -> bool:
         """The reproduction fails standalone with the campaign's first violated ID."""
-        return self.reproduces.startswith(f"AssertionError: {self.result.first_id}")
+        return confirms(self.reproduces, self.result.first_id)
 
     @property
     def verdict(self) -> str:
@@ -73,6 +74,4 @@ def engine_table(rows: Sequence[EngineRow]) -> str:
          f"{r.seconds:.1f}s")
         for r in rows
     ]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-                     for cells in (head, tuple("-" * w for w in widths), *body))
+    return columns(head, body)

@@ -3,6 +3,7 @@ engine calls the shrunk program made, then the adapter's checks in the engine's 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,9 @@ from oracle.campaign import replay
 from oracle.engine_machine import EngineMachine
 from oracle.violations import PropertyViolated
 
+_HEADER = "# kvoracle reproduction: {engine}, {id}"
+_HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)
+
 
 def reproduction(machine: type[EngineMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
     """The file text: a header, the engine calls of `steps` replayed on a fresh engine,
@@ -19,7 +23,7 @@ def reproduction(machine: type[EngineMachine], steps: Sequence[str], violation: 
     state = replay_state(machine, steps)
     adapter = state.adapter
     header = [
-        f"# kvoracle reproduction: {adapter.name}, {violation.first_id}",
+        _HEADER.format(engine=adapter.name, id=violation.first_id),
         f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
         *(f"# {line}" for line in str(violation).splitlines()),
         "# Run it in the engine's environment; it fails with the ID above while the engine has the bug.",
@@ -49,3 +53,16 @@ def run_reproduction(path: Path) -> str:
         return ""
     last = [line for line in done.stderr.strip().splitlines() if line.strip()]
     return last[-1] if last else f"exit status {done.returncode}"
+
+
+def confirms(failure: str, first_id: str) -> bool:
+    """What a reproduction failed with is the assertion of the property it was written for."""
+    return failure.startswith(f"AssertionError: {first_id}")
+
+
+def header(text: str) -> tuple[str, str]:
+    """The engine and the property ID a reproduction file names in its first line."""
+    m = _HEADER_LINE.search(text)
+    if m is None:
+        raise ValueError("not a kvoracle reproduction: no header line")
+    return m.group(1), m.group(2)

@@ -70,10 +70,14 @@ def room(pages):  # as the scheduler does before allocating: evict the tree for 
     return alloc.available_size() >= pages * P
 
 
-def admit(req):
+def match(req):
     m = tree.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids)))
     req.last_node, matched = m.last_device_node, m.device_prefix_len
     req.lock = tree.lock(req.last_node)  # the matched prefix cannot be evicted from here on
+    return matched
+
+
+def place(req, matched):  # None: no room, and the match is unlocked
     new = len(req.full_untruncated_fill_ids) - matched
     if not room(-(-new // P)):
         tree.unlock(req.lock)
@@ -84,6 +88,10 @@ def admit(req):
     rows.write((row, slice(0, matched)), tree.path_device_indices(req.last_node)[:matched])
     rows.write((row, slice(matched, matched + new)), alloc.alloc(-(-new // P) * P)[:new].to(torch.int32))
     return matched
+
+
+def admit(req):
+    return place(req, match(req))
 
 
 def grow(req, tokens):

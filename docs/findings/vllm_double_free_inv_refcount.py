@@ -28,12 +28,22 @@ mgr = KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_blo
 pool = mgr.block_pool
 
 
-def admit(req):
+def match(req):
     hit, hit_tokens, _ = mgr.get_computed_blocks(req)
+    return hit, hit_tokens
+
+
+def place(req, matched):  # None: no room
+    hit, hit_tokens = matched
     got = mgr.allocate_slots(req, req.num_tokens - hit_tokens, hit_tokens, hit)
     if got is not None:
         req.num_computed_tokens = req.num_tokens
-    return got, hit_tokens
+    return got
+
+
+def admit(req):
+    matched = match(req)
+    return place(req, matched), matched[1]
 
 
 def grow(req, tokens):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 
 BLOCK = 4
 NUM_BLOCKS = 6  # GPU blocks 0..5; FastDeploy has no reserved null block
@@ -199,7 +199,7 @@ class FastDeployAdapter(Scripted):
 
     def observe(self) -> Observation:
         pcm = self.pcm
-        nodes = [n for n in _tree(pcm.radix_tree_root) if n.has_in_gpu]
+        nodes = [n for n in descendants(pcm.radix_tree_root) if n.has_in_gpu]
         return Observation(
             ids=range(pcm.num_gpu_blocks),
             # a heapq min-heap; cached blocks stay owned by their tree nodes until evicted
@@ -226,17 +226,6 @@ class FastDeployAdapter(Scripted):
                 "req_to_radix_tree_info": (len(pcm.req_to_radix_tree_info), len(self.running)),
             },
         )
-
-
-def _tree(root: Any) -> list[Any]:
-    """Every node below the root, through `children`."""
-    out: list[Any] = []
-    todo = list(root.children.values())
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        todo.extend(node.children.values())
-    return out
 
 
 def _reachable(node: Any, heap: Any) -> bool:

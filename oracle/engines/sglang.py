@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 
 PAGE = 4
 PAGES = 6
@@ -56,7 +56,11 @@ class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.insert(0, _TorchvisionStandIn())
 """
 
-PREAMBLE = TORCHVISION_STANDIN + f"""
+
+def preamble(page: int = PAGE, pages: int = PAGES, rows: int = 8, context: int = 256) -> str:
+    """The allocator, request rows and radix cache, and admit (= match, then place),
+    grow and finish as the scheduler calls them; the bench builds it at its own size."""
+    return TORCHVISION_STANDIN + f"""
 from array import array
 from types import SimpleNamespace
 
@@ -67,9 +71,9 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-P = {PAGE}
-alloc = PagedTokenToKVPoolAllocator({PAGE * PAGES}, P, torch.float16, "cpu", kvcache=None, need_sort=False)  # pages 1..{PAGES}
-rows = ReqToTokenPool(size=8, max_context_len=256, device="cpu", enable_memory_saver=False)
+P = {page}
+alloc = PagedTokenToKVPoolAllocator({page * pages}, P, torch.float16, "cpu", kvcache=None, need_sort=False)  # pages 1..{pages}
+rows = ReqToTokenPool(size={rows}, max_context_len={context}, device="cpu", enable_memory_saver=False)
 tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=P))
 
 
@@ -92,10 +96,14 @@ def room(pages):  # as the scheduler does before allocating: evict the tree for 
     return alloc.available_size() >= pages * P
 
 
-def admit(req):
+def match(req):
     m = tree.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids)))
     req.last_node, matched = m.last_device_node, m.device_prefix_len
     req.lock = tree.lock(req.last_node)  # the matched prefix cannot be evicted from here on
+    return matched
+
+
+def place(req, matched):  # None: no room, and the match is unlocked
     new = len(req.full_untruncated_fill_ids) - matched
     if not room(-(-new // P)):
         tree.unlock(req.lock)
@@ -106,6 +114,10 @@ def admit(req):
     rows.write((row, slice(0, matched)), tree.path_device_indices(req.last_node)[:matched])
     rows.write((row, slice(matched, matched + new)), alloc.alloc(-(-new // P) * P)[:new].to(torch.int32))
     return matched
+
+
+def admit(req):
+    return place(req, match(req))
 
 
 def grow(req, tokens):
@@ -132,6 +144,9 @@ def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a
     req.lock = None
     rows.free_rows([req.kv.req_pool_idx])
 """
+
+
+PREAMBLE = preamble()
 
 ASSERTIONS = """\
 # kvoracle's checks, in SGLang's own terms (pages: slot // P)
@@ -219,15 +234,8 @@ class SglangAdapter(Scripted):
         node = None if req is None else req.last_node
         return node is not None and node is not self.tree.root_node and node.lock_ref > 0
 
-    def _nodes(self) -> list[Any]:
-        out, todo = [], list(self.tree.root_node.children.values())
-        while todo:
-            out.append(todo.pop())
-            todo.extend(out[-1].children.values())
-        return out
-
     def observe(self) -> Observation:
-        nodes = self._nodes()
+        nodes = descendants(self.tree.root_node)
         page_of = {p: n for n in nodes for p in _pages(n.value.tolist())}
         row = self.rows.req_to_token
         tables = {

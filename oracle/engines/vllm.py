@@ -22,8 +22,9 @@ BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
 MAX_LEN = 256
 
-# What both setups share: the block hasher, the KV cache layout, requests.
-COMMON = f"""\
+def common(block: int, blocks: int, max_len: int) -> str:
+    """What both setups share: the block hasher, the KV cache layout, requests."""
+    return f"""\
 import os
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM first looks for a platform
 import torch
@@ -34,28 +35,42 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 init_none_hash(sha256)
-hasher = get_request_block_hasher({BLOCK}, sha256)
-layer = FullAttentionSpec(block_size={BLOCK}, num_kv_heads=1, head_size=8, dtype=torch.float16)
-config = KVCacheConfig(num_blocks={NUM_BLOCKS}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
+hasher = get_request_block_hasher({block}, sha256)
+layer = FullAttentionSpec(block_size={block}, num_kv_heads=1, head_size=8, dtype=torch.float16)
+config = KVCacheConfig(num_blocks={blocks}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
 
 
 def request(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens={MAX_LEN}), None, block_hasher=hasher)
+    return Request(rid, tokens, SamplingParams(max_tokens={max_len}), None, block_hasher=hasher)
 """
 
-PREAMBLE = COMMON + f"""
+
+def manager_preamble(block: int = BLOCK, blocks: int = NUM_BLOCKS, max_len: int = MAX_LEN) -> str:
+    """The KVCacheManager setup, and admit (= match, then place) and grow as the
+    scheduler calls them; the bench builds it at its own size."""
+    return common(block, blocks, max_len) + f"""
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-mgr = KVCacheManager(config, max_model_len={MAX_LEN}, scheduler_block_size={BLOCK}, hash_block_size={BLOCK})
+mgr = KVCacheManager(config, max_model_len={max_len}, scheduler_block_size={block}, hash_block_size={block})
 pool = mgr.block_pool
 
 
-def admit(req):
+def match(req):
     hit, hit_tokens, _ = mgr.get_computed_blocks(req)
+    return hit, hit_tokens
+
+
+def place(req, matched):  # None: no room
+    hit, hit_tokens = matched
     got = mgr.allocate_slots(req, req.num_tokens - hit_tokens, hit_tokens, hit)
     if got is not None:
         req.num_computed_tokens = req.num_tokens
-    return got, hit_tokens
+    return got
+
+
+def admit(req):
+    matched = match(req)
+    return place(req, matched), matched[1]
 
 
 def grow(req, tokens):
@@ -63,11 +78,14 @@ def grow(req, tokens):
     got = mgr.allocate_slots(req, len(tokens))
     if got is None:  # undo the append, as a scheduler that cannot grow would not sample
         del req._output_token_ids[-len(tokens):], req._all_token_ids[-len(tokens):]
-        del req.block_hashes[req.num_tokens // {BLOCK}:]
+        del req.block_hashes[req.num_tokens // {block}:]
     else:
         req.num_computed_tokens = req.num_tokens
     return got
 """
+
+
+PREAMBLE = manager_preamble()
 
 # The full Scheduler needs a model config but no weights: a tiny Llama config.json in a
 # temporary folder, no tokenizer, and the KV cache size given by hand.
@@ -81,7 +99,7 @@ with open(os.path.join(model, "config.json"), "w") as f:
                "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
                "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
-""" + COMMON + f"""
+""" + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
