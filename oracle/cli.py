@@ -12,7 +12,7 @@ from typing import Sequence, TextIO
 
 from kvcache.pool import BackendUnavailable, default_backend, make_pool
 from oracle.campaign import RunResult, readable, run_seeds
-from oracle.engine import BadInput
+from oracle.engine import REQUEST_LEVEL, BadInput
 from oracle.engines import ENGINES
 from oracle.mutants import MUTANTS
 from oracle.report import columns
@@ -133,29 +133,36 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
     from oracle.engine_campaign import engine_table, restricted, run_engine
-    from oracle.engines import EngineUnavailable, adapter_class, load_adapter
+    from oracle.engines import EngineUnavailable, adapter_class, load_adapter, protocol_of
 
-    reference_only = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
-                                            ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT),
-                                            ("--kv-backend", args.kv_backend), ("--record", args.record)) if on]
-    if args.engine and args.adapter or reference_only:
-        why = "--engine and --adapter exclude each other" if args.engine and args.adapter else \
-            f"{', '.join(reference_only)}: only for the reference campaign, not with --engine/--adapter"
-        print(f"kvoracle check: {why}", file=sys.stderr)
+    if args.engine and args.adapter:
+        print("kvoracle check: --engine and --adapter exclude each other", file=sys.stderr)
         return 2
     try:
         adapter = load_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
+        level = protocol_of(adapter)
+        if args.bad_input and level != "engine":
+            raise ValueError(f"--bad-input: only for EngineAdapter adapters; {adapter.__name__} is a {level} adapter")
         if args.bad_input:
             adapter = restricted(adapter, BadInput(args.bad_input))
     except (EngineUnavailable, ValueError, ImportError) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
+    reference_only = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
+                                            ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT
+                                             and level != "scheduler"),
+                                            ("--kv-backend", args.kv_backend), ("--record", args.record)) if on]
+    if reference_only:
+        print(f"kvoracle check: {', '.join(reference_only)}: not with a {level} adapter", file=sys.stderr)
+        return 2
+    label = str(getattr(adapter, "name"))
     try:
         adapter()  # an adapter that cannot build its engine is reported here, not as a finding
     except Exception as e:
-        print(f"kvoracle check: the {adapter.name} adapter could not build its engine: {e!r}", file=sys.stderr)
+        print(f"kvoracle check: the {label} adapter could not build its engine: {e!r}", file=sys.stderr)
         return 2
-    label = adapter.name
+    if level != "engine":
+        return check_machine_adapter(args, adapter, level)
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows = []
     for i, bad in enumerate((False, True)):
@@ -175,6 +182,25 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     found = [r for r in rows if r.result.violation is not None]
     print(f"\n{label}: {len(found)} of {len(rows)} campaigns found a violation")
     return 1 if found else 0
+
+
+def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -> int:
+    """A tiered-cache or scheduler adapter: the reference's own machine at that level,
+    valid and bad input together, as for the reference."""
+    if not 0 <= args.fault_rate <= 1:
+        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
+        return 2
+    FAULT_RATE[0] = args.fault_rate
+    target = Target(str(getattr(adapter, "name")), level, None, adapter)
+    progress(sys.stderr, 0, 1, f"{target.name} ({level})")
+    row = run_target(target, list(range(args.seed, args.seed + args.seeds)), args.examples, args.steps)
+    progress(sys.stderr, 1, 1, "done")
+    sys.stderr.write("\n")
+    print(table([row]))
+    if row.result is not None:
+        print(show([row]))
+    print(f"\n{target.name}: {'no violation' if row.ok else 'a violation was found'}")
+    return 0 if row.ok else 1
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
@@ -247,7 +273,7 @@ def parser() -> argparse.ArgumentParser:
                         "exit status 1 when a violation is found. docs/engines.md")
     c.add_argument("--adapter", metavar="MODULE:CLASS",
                    help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine")
-    c.add_argument("--bad-input", choices=[b.value for b in BadInput],
+    c.add_argument("--bad-input", choices=[b.value for b in REQUEST_LEVEL],
                    help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
     c.add_argument("--repro-dir", default="out/repro", metavar="DIR",
                    help="with --engine/--adapter: where reproduction files are written (default out/repro)")

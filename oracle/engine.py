@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spec.invariants import Violation
+from spec.invariants import Violation, by_severity
 
 
 class Op(enum.Enum):
@@ -33,10 +33,36 @@ class Op(enum.Enum):
 
 
 class BadInput(enum.Enum):
+    """Each adapter declares the kinds it can make; the machines draw only those."""
+
     DOUBLE_FREE = "double_free"  # free a block that is already free, through the allocator
     OUT_OF_RANGE = "out_of_range"  # free a block id the allocator never had
     DOUBLE_FINISH = "double_finish"  # finish a request that already finished
     DOUBLE_UNLOCK = "double_unlock"  # unlock a finished request's prefix again while another request holds it
+    # the cache with tiers and transfers (oracle.tiered)
+    WRONG_TIER = "wrong_tier"  # free a GPU block id through the CPU allocator
+    UNKNOWN_REQUEST = "unknown_request"  # a call about a request that never existed
+    UNKNOWN_TRANSFER = "unknown_transfer"  # complete a transfer that never existed
+    BAD_PARTIAL = "bad_partial"  # complete a transfer with more items done than it has
+    DUPLICATE_REQUEST = "duplicate_request"  # start a request under a live request's id
+    HASH_MISMATCH = "hash_mismatch"  # commit more hashes than the request has blocks
+    TOO_MANY = "too_many"  # allocate more blocks than are free
+    BUSY_RESET = "busy_reset"  # reset the cache while requests are live
+    # the scheduler (oracle.serving)
+    DOUBLE_ABORT = "double_abort"  # abort a request that was already aborted
+    TOO_LARGE = "too_large"  # submit a prompt larger than the whole GPU pool
+    EMPTY = "empty"  # submit a prompt with no tokens
+    PREEMPT_WAITING = "preempt_waiting"  # preempt a request that is not running
+    DUPLICATE_BATCH = "duplicate_batch"  # finish a batch that names a request twice
+
+
+# The kinds each machine draws from (an adapter may declare fewer).
+REQUEST_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)
+CACHE_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.WRONG_TIER, BadInput.DOUBLE_FINISH,
+               BadInput.UNKNOWN_REQUEST, BadInput.UNKNOWN_TRANSFER, BadInput.BAD_PARTIAL,
+               BadInput.DUPLICATE_REQUEST, BadInput.HASH_MISMATCH, BadInput.TOO_MANY, BadInput.BUSY_RESET)
+SCHEDULER_LEVEL = (BadInput.UNKNOWN_REQUEST, BadInput.DOUBLE_FINISH, BadInput.DOUBLE_ABORT, BadInput.TOO_LARGE,
+                   BadInput.DUPLICATE_REQUEST, BadInput.EMPTY, BadInput.PREEMPT_WAITING, BadInput.DUPLICATE_BATCH)
 
 
 class NoRoom(Exception):
@@ -59,6 +85,8 @@ class Observation:
     # blocks (queued, or preempted), and each running request's tokens with KV computed.
     waiting: frozenset[str] | None = None
     tokens: Mapping[str, int] | None = None
+    # Engines with transfers: blocks an in-flight swap, write or prefetch still holds.
+    pinned: frozenset[int] | None = None
 
 
 class EngineAdapter(Protocol):
@@ -118,13 +146,20 @@ def blocks_for(tokens: int, block_size: int) -> int:
 def check(o: Observation, live: Mapping[str, int], block_size: int) -> list[Violation]:
     """Every invariant the observation allows. `live` maps each running request to the
     number of tokens it holds."""
-    found: list[Violation] = []
-    found += _conserve(o)
-    found += _tables(o, live, block_size)
-    found += _no_uaf(o)
-    found += _refcounts(o)
-    found += _counters(o)
-    return found
+    found = _conserve(o) + _tables(o, live, block_size) + _no_uaf(o) + _refcounts(o) + _counters(o)
+    return by_severity(found)
+
+
+def with_observed(own: list[Violation], observed: list[Violation]) -> list[Violation]:
+    """The engine's own checks, then what the observation shows that they missed (a
+    property they already report is not repeated in the observation's words)."""
+    seen = {v.id for v in own}
+    return own + [v for v in observed if v.id not in seen]
+
+
+def check_tier(o: Observation) -> list[Violation]:
+    """A tier no request holds directly (a CPU tier): conservation and counters."""
+    return by_severity(_conserve(o) + _counters(o))
 
 
 def _conserve(o: Observation) -> list[Violation]:
@@ -136,8 +171,16 @@ def _conserve(o: Observation) -> list[Violation]:
         stray = sorted(b for b in set(o.free) if b not in o.ids)
         if stray:
             out.append(Violation("INV-CONSERVE", f"free list holds ids {stray} outside {o.ids}"))
+    if o.free is not None and o.cached is not None:
+        both = sorted(set(o.free) & o.cached)
+        if both:
+            out.append(Violation("INV-CONSERVE", f"blocks {both} are both free and cached"))
+    if o.free is not None and o.pinned is not None:
+        both = sorted(set(o.free) & o.pinned)
+        if both:
+            out.append(Violation("INV-CONSERVE", f"blocks {both} are free, but an in-flight transfer holds them"))
     if o.free is not None and o.tables is not None and o.cached is not None:
-        held = {b for t in o.tables.values() for b in t}
+        held = {b for t in o.tables.values() for b in t} | (o.pinned or frozenset())
         lost = sorted(set(o.ids) - set(o.free) - held - o.cached)
         if lost:
             out.append(Violation("INV-CONSERVE", f"blocks {lost} are owned by nobody (leaked)"))

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from oracle.cache_machine import PROMPTS
-from oracle.engine import BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
+from oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
 from oracle.violations import PropertyViolated
 from spec.invariants import Violation
 
@@ -152,7 +152,7 @@ class EngineMachine(RuleBasedStateMachine):
         self._call("evict", lambda: self.adapter.evict(blocks))
 
     @precondition(lambda self: self.with_bad_input and bool(self.adapter.bad_inputs))
-    @rule(kind=st.sampled_from(list(BadInput)), i=st.integers(0, 7))
+    @rule(kind=st.sampled_from(REQUEST_LEVEL), i=st.integers(0, 7))
     def bad_input(self, kind: BadInput, i: int) -> None:
         if kind not in self.adapter.bad_inputs:
             return

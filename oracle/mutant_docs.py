@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hypothesis.stateful import RuleBasedStateMachine
+
 from oracle.campaign import RunResult, readable, run_seeds
 from oracle.mutants import MUTANTS, Mutant
 from oracle.targets import Target
@@ -22,9 +24,10 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "mutants.md"
 SEEDS = range(5)
 
 
-def kill(m: Mutant) -> RunResult:
-    """The campaign that kills m: up to five seeds, stopping at the first kill."""
-    machine = Target(m.name, m.level, m).machine()
+def kill(m: Mutant, machine: type[RuleBasedStateMachine] | None = None) -> RunResult:
+    """The campaign that kills m (on its own machine unless `machine` is given): up
+    to five seeds, stopping at the first kill."""
+    machine = machine or Target(m.name, m.level, m).machine()
     return run_seeds(machine, SEEDS, examples=300 if m.level == "cache" else 150, steps=100)
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from hypothesis.stateful import RuleBasedStateMachine
 
 from oracle.cache_machine import CacheMachine, Tally
+from oracle.engines.reference_cache import ReferenceCache
+from oracle.engines.reference_scheduler import ReferenceScheduler
 from oracle.mutants import MUTANTS, Mutant
 from oracle.scheduler_machine import SchedulerMachine
 
@@ -15,16 +17,22 @@ from oracle.scheduler_machine import SchedulerMachine
 class Target:
     name: str
     level: str  # "cache" or "scheduler"
-    mutant: Mutant | None  # None: the reference, which must pass
+    mutant: Mutant | None  # None: the reference (or `adapter`), which must pass
+    adapter: type | None = None  # another engine, behind the level's adapter Protocol
 
     def machine(self) -> type[RuleBasedStateMachine]:
         """A fresh machine class (with its own tally) for this target."""
         attrs: dict[str, object] = {"tally": Tally()}
-        if self.mutant is not None:
-            attrs["cache_class"] = self.mutant.cache_class
-            if self.mutant.scheduler_class is not None:
-                attrs["scheduler_class"] = self.mutant.scheduler_class
-                attrs["bookkeeping"] = self.mutant.bookkeeping
+        m = self.mutant
+        if self.adapter is not None:
+            attrs["make_adapter"] = self.adapter
+        elif m is not None and m.scheduler_class is None:
+            attrs["make_adapter"] = type(f"ReferenceCache_{self.name.replace('-', '_')}", (ReferenceCache,),
+                                         {"cache_class": m.cache_class})
+        elif m is not None:
+            attrs["make_adapter"] = type(f"ReferenceScheduler_{self.name.replace('-', '_')}", (ReferenceScheduler,),
+                                         {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class})
+            attrs["bookkeeping"] = m.bookkeeping
         base = CacheMachine if self.level == "cache" else SchedulerMachine
         return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (base,), attrs)
 

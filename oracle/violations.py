@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from spec.invariants import Violation
 
@@ -20,3 +20,24 @@ class PropertyViolated(AssertionError):
     @property
     def first_id(self) -> str:
         return self.violations[0].id
+
+
+def refused(name: str, error: type[Exception], call: Callable[[], bool], snapshot: Callable[[], object],
+            made: Callable[[], None]) -> None:
+    """A bad call must be refused with `error` and change nothing. `call` makes it and
+    returns False when it did not apply (then nothing is checked); `made` runs the
+    machine's own counting and checks once it was made."""
+    before = snapshot()
+    raised: Exception | None = None
+    try:
+        called = call()
+    except Exception as e:
+        called, raised = True, e
+    if not called:
+        return
+    made()
+    if not isinstance(raised, error):
+        what = "accepted" if raised is None else f"raised {type(raised).__name__}"
+        raise PropertyViolated(name, [Violation("BAD-INPUT", f"expected {error.__name__}, {what}")])
+    if snapshot() != before:
+        raise PropertyViolated(name, [Violation("BAD-INPUT", f"{error.__name__} raised but the state changed")])

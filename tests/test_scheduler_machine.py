@@ -5,6 +5,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from oracle.engines.reference_scheduler import ReferenceScheduler
 from oracle.scheduler_machine import SchedulerMachine
 
 
@@ -12,5 +13,6 @@ from oracle.scheduler_machine import SchedulerMachine
 def test_reference_scheduler(backend: str) -> None:
     if backend == "paddle":
         pytest.importorskip("paddle", reason="paddlepaddle is not installed (pip install 'kvoracle[paddle]')")
-    machine = type(f"SchedulerMachine_{backend}", (SchedulerMachine,), {"kv_backend": backend})
+    adapter = type(f"ReferenceScheduler_{backend}", (ReferenceScheduler,), {"kv_backend": backend})
+    machine = type(f"SchedulerMachine_{backend}", (SchedulerMachine,), {"make_adapter": adapter})
     run_state_machine_as_test(machine, settings=settings())  # the loaded profile (fast, or deep)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oracle.engine import EngineAdapter
+from oracle.serving import SchedulerAdapter
+from oracle.tiered import TieredAdapter
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def adapter_class(name: str) -> type[EngineAdapter]:
     return cls
 
 
-def load_adapter(spec: str) -> type[EngineAdapter]:
+def load_adapter(spec: str) -> type:
     """Your own adapter: `package.module:Class` or `path/to/file.py:Class`."""
     where, sep, cls_name = spec.rpartition(":")
     if not sep or not where or not cls_name:
@@ -68,9 +70,26 @@ def load_adapter(spec: str) -> type[EngineAdapter]:
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"--adapter: {where} has no class {cls_name}")
-    missing = [a for a in ("name", "block_size", "operations", "bad_inputs", "assertions", "admit", "finish",
-                           "observe", "script", "bad_input") if not hasattr(cls, a)]
-    if missing:
-        raise ValueError(f"--adapter: {cls_name} lacks {', '.join(missing)} of the EngineAdapter Protocol")
-    adapter: type[EngineAdapter] = cls
-    return adapter
+    protocol_of(cls)  # raises, naming what is missing
+    return cls
+
+
+def _members(protocol: type) -> set[str]:
+    optional = {"grow", "evict"} if protocol is EngineAdapter else set()
+    return {n for n in [*vars(protocol), *protocol.__annotations__] if not n.startswith("_")} - optional
+
+
+PROTOCOLS: dict[str, type] = {"engine": EngineAdapter, "cache": TieredAdapter, "scheduler": SchedulerAdapter}
+
+
+def protocol_of(cls: type) -> str:
+    """Which adapter Protocol `cls` implements: "engine" (oracle.engine, the engine
+    machine), "cache" (oracle.tiered, the cache machine) or "scheduler" (oracle.serving,
+    the scheduler machine)."""
+    missing = {level: sorted(n for n in _members(p) if not hasattr(cls, n)) for level, p in PROTOCOLS.items()}
+    for level, lacks in missing.items():
+        if not lacks:
+            return level
+    level, lacks = min(missing.items(), key=lambda kv: len(kv[1]))
+    raise ValueError(f"--adapter: {cls.__name__} lacks {', '.join(lacks)} of the {PROTOCOLS[level].__name__} "
+                     f"Protocol (the closest of {', '.join(p.__name__ for p in PROTOCOLS.values())})")

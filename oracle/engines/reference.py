@@ -1,8 +1,11 @@
-"""The reference cache (kvcache.CacheManager) behind the engine adapter Protocol, so
-that the generic engine machine and its mutants can be checked like any engine.
+"""The reference behind each adapter Protocol, so that every machine checks it, and
+its mutants, the way it checks any engine:
 
-admit = match + allocate + commit of the full blocks; grow = allocate + commit;
-finish = release; evict = evict_gpu (one tier: evicted blocks are dropped).
+- ReferenceAdapter (here; oracle.engine, the engine machine): admit = match +
+  allocate + commit of the full blocks; grow = allocate + commit; finish = release;
+  evict = evict_gpu (one tier: evicted blocks are dropped).
+- ReferenceCache (reference_cache.py; oracle.tiered, the cache machine).
+- ReferenceScheduler (reference_scheduler.py; oracle.serving, the scheduler machine).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from typing import Any
 
 from kvcache.manager import CacheManager
 from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, blocks_for
+from oracle.engines.reference_cache import gpu_observation
 from spec.hashing import block_hashes
-from spec.types import OnGpu
 
 GPU_BLOCKS = 6
 
@@ -94,21 +97,7 @@ class ReferenceAdapter(Scripted):
         return True
 
     def observe(self) -> Observation:
-        c = self.cache
-        nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu)]
-        block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu)}
-        return Observation(
-            ids=range(c.gpu.size),
-            free=tuple(c.gpu.free_blocks()),
-            evictable=tuple(sorted(block[n.hash] for n in nodes if n.refcount == 0)),
-            tables={f"r{r}": tuple(c.table(r)) for r in c.requests},
-            cached=frozenset(block.values()),
-            refcounts={block[n.hash]: n.refcount for n in nodes},
-            counters={
-                "gpu.num_free": (c.gpu.num_free, sum(c.gpu.is_free(b) for b in range(c.gpu.size))),
-                "gpu_evictable": (c.gpu_evictable, sum(c.is_gpu_evictable(n) for n in c.tree.walk())),
-            },
-        )
+        return gpu_observation(self.cache)
 
     assertions = (
         "from kvcache.abstraction import check_invariants\n"

@@ -1,0 +1,195 @@
+"""The reference cache (kvcache.CacheManager, or a mutant of it) behind the tiered-cache
+Protocol, call by call, and its observations of each tier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from kvcache.abstraction import abstract, check_invariants, observe
+from kvcache.errors import (
+    BlockOutOfRange,
+    DoubleFree,
+    DuplicateRequest,
+    HashMismatch,
+    InvalidOutcome,
+    NotQuiescent,
+    OutOfBlocks,
+    UnknownRequest,
+    UnknownTransfer,
+)
+from kvcache.manager import CacheManager
+from kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
+from oracle.engine import BadInput, Observation
+from oracle.tiered import InFlight, Matched
+from spec.actions import EvictStep
+from spec.invariants import Violation
+from spec.state import CacheState
+from spec.types import BlockHash, CpuBlock, GpuBlock, OnCpu, OnGpu, Ok, Outcome, Partial, RequestId, TransferId
+
+
+def _transfer_blocks(cache: CacheManager) -> tuple[set[GpuBlock], set[CpuBlock]]:
+    """Blocks in-flight transfers hold: sources they read, destinations they fill,
+    and blocks a storage write adopted from a request that ended."""
+    gpu: set[GpuBlock] = set()
+    cpu: set[CpuBlock] = set()
+    for job in cache.jobs.values():
+        if isinstance(job, SwapOutJob):
+            gpu.update(g for _, g, _ in job.items)
+            cpu.update(c for _, _, c in job.items)
+        elif isinstance(job, SwapInJob):
+            cpu.update(c for _, c, _ in job.items)
+            gpu.update(g for _, _, g in job.items)
+        elif isinstance(job, WriteJob):
+            gpu.update([*(g for _, g in job.items), *job.adopted])
+        else:
+            gpu.update(g for _, g in job.items)
+    return gpu, cpu
+
+
+def gpu_observation(c: CacheManager) -> Observation:
+    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu)]
+    block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu)}
+    return Observation(
+        ids=range(c.gpu.size),
+        free=tuple(c.gpu.free_blocks()),
+        evictable=tuple(sorted(block[n.hash] for n in nodes if n.refcount == 0)),
+        tables={f"r{r}": tuple(c.table(r)) for r in c.requests},
+        cached=frozenset(block.values()),
+        refcounts={block[n.hash]: n.refcount for n in nodes},
+        counters={
+            "gpu.num_free": (c.gpu.num_free, sum(c.gpu.is_free(b) for b in range(c.gpu.size))),
+            "gpu_evictable": (c.gpu_evictable, sum(c.is_gpu_evictable(n) for n in c.tree.walk())),
+        },
+        pinned=frozenset(_transfer_blocks(c)[0]),
+    )
+
+
+def cpu_observation(c: CacheManager) -> Observation:
+    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnCpu)]
+    return Observation(
+        ids=range(c.cpu.size),
+        free=tuple(c.cpu.free_blocks()),
+        evictable=tuple(sorted(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu) and n.refcount == 0)),
+        tables={},
+        cached=frozenset(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu)),
+        counters={
+            "cpu.num_free": (c.cpu.num_free, sum(c.cpu.is_free(b) for b in range(c.cpu.size))),
+            "cpu_evictable": (c.cpu_evictable, sum(c.is_cpu_evictable(n) for n in c.tree.walk())),
+        },
+        pinned=frozenset(_transfer_blocks(c)[1]),
+    )
+
+
+class ReferenceCache:
+    """CacheManager (or a mutant of it) behind the tiered-cache Protocol."""
+
+    name = "reference"
+    block_size = 2
+    gpu_blocks = 6
+    cpu_blocks = 3
+    cache_class: type[CacheManager] = CacheManager
+    refusals: Mapping[BadInput, type[Exception]] = {
+        BadInput.DOUBLE_FREE: DoubleFree,
+        BadInput.OUT_OF_RANGE: BlockOutOfRange,
+        BadInput.WRONG_TIER: BlockOutOfRange,
+        BadInput.DOUBLE_FINISH: UnknownRequest,
+        BadInput.UNKNOWN_REQUEST: UnknownRequest,
+        BadInput.UNKNOWN_TRANSFER: UnknownTransfer,
+        BadInput.BAD_PARTIAL: InvalidOutcome,
+        BadInput.DUPLICATE_REQUEST: DuplicateRequest,
+        BadInput.HASH_MISMATCH: HashMismatch,
+        BadInput.TOO_MANY: OutOfBlocks,
+        BadInput.BUSY_RESET: NotQuiescent,
+    }
+
+    def __init__(self) -> None:
+        self.cache = self.cache_class(self.gpu_blocks, self.cpu_blocks)
+
+    def free_gpu(self) -> int:
+        return self.cache.gpu.num_free
+
+    def gpu_hits(self, hashes: Sequence[BlockHash]) -> int:
+        return self.cache.gpu_hits(hashes)
+
+    def ready(self, r: RequestId) -> bool:
+        return self.cache.ready(r)
+
+    def table(self, r: RequestId) -> tuple[GpuBlock, ...]:
+        return tuple(self.cache.table(r))
+
+    def in_flight(self) -> list[InFlight]:
+        return [InFlight(t, len(self.cache.jobs[t].items)) for t in self.cache.in_flight()]
+
+    def cached(self) -> int:
+        return self.cache.tree.size
+
+    def match(self, r: RequestId, hashes: Sequence[BlockHash], limit: int) -> Matched:
+        rep = self.cache.match(r, hashes, limit=limit)
+        return Matched(rep.swap_dests, rep.prefetch_dests)
+
+    def allocate(self, r: RequestId, n: int) -> tuple[GpuBlock, ...]:
+        return tuple(self.cache.allocate(r, n))
+
+    def commit(self, r: RequestId, hashes: Sequence[BlockHash]) -> None:
+        self.cache.commit(r, hashes)
+
+    def release(self, r: RequestId, write: Sequence[BlockHash]) -> tuple[tuple[BlockHash, GpuBlock], ...]:
+        return self.cache.release(r, write).writes
+
+    def evict_gpu(self, n: int) -> tuple[EvictStep, ...]:
+        return self.cache.evict_gpu(n).steps
+
+    def evict_cpu(self, n: int) -> tuple[EvictStep, ...]:
+        return self.cache.evict_cpu(n).steps
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        self.cache.complete(t, outcome)
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def bad_call(self, kind: BadInput, r: RequestId | None) -> bool:
+        call = self._bad_calls(r).get(kind)
+        if call is None:
+            return False
+        call()
+        return True
+
+    def _bad_calls(self, r: RequestId | None) -> dict[BadInput, Callable[[], object]]:
+        """The bad calls that apply in this state (`r`: the request the kind is about)."""
+        c = self.cache
+        calls: dict[BadInput, Callable[[], object]] = {
+            BadInput.OUT_OF_RANGE: lambda: c.gpu.free([GpuBlock(c.gpu.size)]),
+            BadInput.WRONG_TIER: lambda: c.cpu.free([CpuBlock(c.gpu.size - 1)]),
+            BadInput.UNKNOWN_REQUEST: lambda: c.commit(RequestId(10**6), ()),
+            BadInput.UNKNOWN_TRANSFER: lambda: c.complete(TransferId(10**6), Ok()),
+        }
+        if c.gpu.num_free:
+            calls[BadInput.DOUBLE_FREE] = lambda: c.gpu.free([c.gpu.free_blocks()[-1]])
+        if c.jobs:
+            t = c.in_flight()[0]
+            calls[BadInput.BAD_PARTIAL] = lambda: c.complete(t, Partial(len(c.jobs[t].items) + 1))
+        if r is not None and r not in c.requests:
+            calls[BadInput.DOUBLE_FINISH] = lambda: c.release(r)
+        if r is not None and r in c.requests:
+            bogus = (BlockHash(1),) * (len(c.table(r)) + 1)
+            calls[BadInput.DUPLICATE_REQUEST] = lambda: c.match(r, ())
+            calls[BadInput.HASH_MISMATCH] = lambda: c.commit(r, bogus)
+            calls[BadInput.BUSY_RESET] = c.reset
+            calls[BadInput.TOO_MANY] = lambda: c.allocate(r, c.gpu.num_free + 1)
+        return calls
+
+    def observe(self) -> Observation:
+        return gpu_observation(self.cache)
+
+    def observe_cpu(self) -> Observation:
+        return cpu_observation(self.cache)
+
+    def snapshot(self) -> object:
+        return abstract(self.cache), observe(self.cache)
+
+    def abstract(self) -> CacheState | None:
+        return abstract(self.cache)
+
+    def invariants(self) -> list[Violation]:
+        return check_invariants(self.cache)

@@ -1,0 +1,71 @@
+"""The scheduler adapter Protocol: a serving engine's request lifecycle (submit, schedule,
+finish, preempt, abort, time passing) over a tiered cache, with the faults of each
+call's storage and swap I/O chosen by the machine (oracle.scheduler_machine).
+
+`state` is the refinement hook into spec.scheduler: an engine that cannot map its
+state there returns None, and the machine checks what `observe`, `invariants` and
+`content` allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from kvcache.faults import Fault
+from oracle.engine import BadInput, Observation
+from spec.invariants import Violation
+from spec.scheduler import SchedulerState, Status
+from spec.types import RequestId
+
+
+class SchedulerAdapter(Protocol):
+    name: str
+    block_size: int
+    gpu_blocks: int
+    cpu_blocks: int
+    timeout: int  # ticks before an unanswered transfer counts as timed out
+    # The bad calls it can make, each with the exception the engine must refuse it with.
+    refusals: Mapping[BadInput, type[Exception]]
+
+    # --- operations: `faults` are what the I/O calls made during the call do, in order
+    def submit(self, r: RequestId, tokens: Sequence[int]) -> None: ...
+    def schedule(self, faults: Sequence[Fault]) -> None:
+        """One scheduling step: admit, grow and preempt as the engine decides."""
+        ...
+    def finish(self, batch: Sequence[RequestId], faults: Sequence[Fault]) -> None: ...
+    def preempt(self, r: RequestId, faults: Sequence[Fault]) -> None: ...
+    def abort(self, r: RequestId, faults: Sequence[Fault]) -> None: ...
+    def tick(self, n: int) -> None:
+        """Time passes: late answers arrive, unanswered transfers time out."""
+        ...
+    def evict_all(self) -> None:
+        """Evict every cached block nothing holds, on both tiers (to drain)."""
+        ...
+    def bad_call(self, kind: BadInput) -> bool:
+        """Make the bad call about a request in the state it needs. False: no such
+        request now, nothing was called. The engine's exception propagates."""
+        ...
+
+    # --- what the machine asks and checks ----------------------------------------------
+    def statuses(self) -> Mapping[RequestId, Status]: ...
+    def running(self) -> list[RequestId]: ...
+    def waiting(self) -> list[RequestId]: ...
+    def transfers(self) -> int:
+        """Transfers in flight (answered or not)."""
+        ...
+    def faults_injected(self) -> int:
+        """Faults that I/O calls have actually suffered so far."""
+        ...
+    def observe(self) -> Observation: ...
+    def observe_cpu(self) -> Observation: ...
+    def snapshot(self) -> object:
+        """Everything comparable, for "a refused call changed nothing" (equality only)."""
+        ...
+    def state(self) -> SchedulerState | None: ...
+    def invariants(self) -> list[Violation]:
+        """The cache's invariants and the engine's own structural checks."""
+        ...
+    def content(self) -> list[Violation]:
+        """INV-CONTENT: every ready request's blocks hold the bytes of its tokens."""
+        ...

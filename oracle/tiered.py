@@ -1,0 +1,96 @@
+"""The tiered-cache adapter Protocol: an engine's prefix cache with a CPU tier, swaps,
+storage writes and prefetches, driven call by call, with the outcome of every transfer
+chosen by the machine (oracle.cache_machine).
+
+Each operation returns the choices the engine made (which blocks, which evictions,
+which writes) in spec/ terms, so that the machine can apply the same spec/ action to
+the engine's abstraction and compare: `abstract` is the refinement hook. An engine that
+cannot map its state to spec/ returns None there; the machine then checks what
+`observe` and `invariants` allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from oracle.engine import BadInput, Observation
+from spec.actions import EvictStep
+from spec.invariants import Violation
+from spec.state import CacheState
+from spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
+
+
+@dataclass(frozen=True)
+class Matched:
+    """What a match started: GPU blocks that a swap-in and a storage prefetch will fill."""
+
+    swap_dests: tuple[GpuBlock, ...] = ()
+    prefetch_dests: tuple[GpuBlock, ...] = ()
+
+
+@dataclass(frozen=True)
+class InFlight:
+    transfer: TransferId
+    items: int  # blocks it moves (a partial outcome completes a prefix of them)
+
+
+class TieredAdapter(Protocol):
+    name: str
+    block_size: int
+    gpu_blocks: int
+    cpu_blocks: int
+    # The bad calls it can make, each with the exception the engine must refuse it with.
+    refusals: Mapping[BadInput, type[Exception]]
+
+    # --- what a scheduler asks before it calls ------------------------------------------
+    def free_gpu(self) -> int: ...
+    def gpu_hits(self, hashes: Sequence[BlockHash]) -> int: ...
+    def ready(self, r: RequestId) -> bool:
+        """Nothing is still filling the request's blocks (its swap-in and prefetch ended)."""
+        ...
+    def table(self, r: RequestId) -> tuple[GpuBlock, ...]: ...
+    def in_flight(self) -> list[InFlight]: ...
+    def cached(self) -> int:
+        """Blocks the prefix cache indexes, on either tier."""
+        ...
+
+    # --- operations -------------------------------------------------------------------
+    def match(self, r: RequestId, hashes: Sequence[BlockHash], limit: int) -> Matched:
+        """Take the cached prefix of `hashes` for a new request `r`, starting a swap-in or
+        prefetch of at most `limit` blocks for what is on the CPU or in storage."""
+        ...
+    def allocate(self, r: RequestId, n: int) -> tuple[GpuBlock, ...]: ...
+    def commit(self, r: RequestId, hashes: Sequence[BlockHash]) -> None:
+        """Index the request's full blocks under `hashes`."""
+        ...
+    def release(self, r: RequestId, write: Sequence[BlockHash]) -> tuple[tuple[BlockHash, GpuBlock], ...]:
+        """End the request, first writing its blocks under `write` to storage; the
+        writes it started."""
+        ...
+    def evict_gpu(self, n: int) -> tuple[EvictStep, ...]: ...
+    def evict_cpu(self, n: int) -> tuple[EvictStep, ...]: ...
+    def complete(self, t: TransferId, outcome: Outcome) -> None: ...
+    def reset(self) -> None:
+        """Drop the whole cache (allowed only when no request is live)."""
+        ...
+    def bad_call(self, kind: BadInput, r: RequestId | None) -> bool:
+        """Make the bad call (about `r` where the kind needs one). False: not applicable
+        in this state, nothing was called. The engine's exception propagates."""
+        ...
+
+    # --- what the machine checks -----------------------------------------------------
+    def observe(self) -> Observation:
+        """The GPU tier, in block ids; `pinned` lists blocks in-flight transfers hold."""
+        ...
+    def observe_cpu(self) -> Observation:
+        """The CPU tier: no tables (requests hold GPU blocks only)."""
+        ...
+    def snapshot(self) -> object:
+        """Everything comparable, for "a refused call changed nothing" (equality only)."""
+        ...
+    def abstract(self) -> CacheState | None: ...
+    def invariants(self) -> list[Violation]:
+        """The engine's own structural checks (links, heaps, kept counters)."""
+        ...
