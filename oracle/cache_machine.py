@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, with_observed
 from oracle.engines.reference_cache import ReferenceCache
-from oracle.tiered import TieredAdapter
+from oracle.tiered import Blocks, TieredAdapter
 from oracle.violations import PropertyViolated, refused
 from spec import actions
 from spec.hashing import block_hashes
@@ -30,14 +30,19 @@ from spec.state import CacheState, gpu_evictable
 from spec.types import BlockHash, Error, Ok, Outcome, Partial, RequestId, Timeout
 
 R = TypeVar("R")
-BLOCK = 2
-# Prompts that share prefixes, so that matches, collisions and partial blocks all happen.
+# Prompts that share prefixes, so that matches, collisions and partial blocks all happen
+# (with blocks of 2 tokens; `prompt` widens them for larger blocks).
 PROMPTS: tuple[tuple[int, ...], ...] = (
     (1, 1, 2, 2, 1),
     (1, 1, 2, 2, 2, 2),
     (1, 1, 2, 1),
     (2, 2, 1),
 )
+
+
+def prompt(p: int, block_size: int) -> list[int]:
+    """PROMPTS[p] with each token widened to half a block, so block structure is kept."""
+    return [t for t in PROMPTS[p] for _ in range(max(1, block_size // 2))]
 
 # Ok first: it is what shrinking falls back to, and most transfers succeed.
 outcomes: st.SearchStrategy[Outcome] = st.sampled_from(
@@ -96,9 +101,9 @@ class CacheMachine(RuleBasedStateMachine):
     def _check(self, name: str) -> None:
         if type(self).tally.steps % self.deep_every:
             return
-        e = self.engine
-        live = {f"r{r}": held.blocks * BLOCK for r, held in self.live.items()}
-        found = with_observed(e.invariants(), check(e.observe(), live, BLOCK) + check_tier(e.observe_cpu()))
+        e, size = self.engine, self.engine.block_size
+        live = {f"r{r}": held.blocks * size for r, held in self.live.items()}
+        found = with_observed(e.invariants(), check(e.observe(), live, size) + check_tier(e.observe_cpu()))
         if found:
             raise PropertyViolated(name, found)
 
@@ -107,9 +112,11 @@ class CacheMachine(RuleBasedStateMachine):
             return None
         return sorted(self.live)[i % len(self.live)]
 
-    def _hashes(self, r: RequestId) -> tuple[BlockHash, ...]:
-        held = self.live[r]
-        return block_hashes(held.tokens, BLOCK)[: held.blocks]
+    def _full(self, r: RequestId) -> Blocks:
+        """The request's full blocks, as far as its table reaches."""
+        held, size = self.live[r], self.engine.block_size
+        hashes = block_hashes(held.tokens, size)[: held.blocks]
+        return Blocks(tuple(held.tokens[: len(hashes) * size]), hashes)
 
     # --- rules -------------------------------------------------------------------------
 
@@ -128,18 +135,18 @@ class CacheMachine(RuleBasedStateMachine):
         e = self.engine
         r = RequestId(self.next_request)
         self.next_request += 1
-        tokens = list(PROMPTS[p])
-        hashes = block_hashes(tokens, BLOCK)
-        blocks = -(-len(tokens) // BLOCK)
-        self._make_room(blocks - e.gpu_hits(hashes))
-        need = blocks - e.gpu_hits(hashes)
+        tokens = prompt(p, e.block_size)
+        asked = Blocks(tuple(tokens), block_hashes(tokens, e.block_size))
+        blocks = -(-len(tokens) // e.block_size)
+        self._make_room(blocks - e.gpu_hits(asked))
+        need = blocks - e.gpu_hits(asked)
         if need > e.free_gpu():
             return  # no room: admission waits
         self.live[r] = Live(tokens, 0)  # before the call: the check after it expects the request
         self._step(
             "match",
-            lambda: e.match(r, hashes, limit=need),
-            lambda s, got: actions.match(s, r, hashes, got.swap_dests, got.prefetch_dests),
+            lambda: e.match(r, asked, limit=need),
+            lambda s, got: actions.match(s, r, asked.hashes, got.swap_dests, got.prefetch_dests),
         )
         rest = blocks - len(e.table(r))
         self._step("allocate", lambda: e.allocate(r, rest), lambda s, got: actions.allocate(s, r, got))
@@ -158,8 +165,8 @@ class CacheMachine(RuleBasedStateMachine):
         if not self.engine.free_gpu():
             return
         self._step("grow", lambda: self.engine.allocate(r, 1), lambda s, got: actions.allocate(s, r, got))
-        held = self.live[r]
-        held.tokens = held.tokens[: held.blocks * BLOCK] + [token] * (BLOCK * (held.blocks + 1) - len(held.tokens))
+        held, size = self.live[r], self.engine.block_size
+        held.tokens = held.tokens[: held.blocks * size] + [token] * (size * (held.blocks + 1) - len(held.tokens))
         held.blocks += 1
 
     @rule(i=st.integers(0, 7))
@@ -167,8 +174,8 @@ class CacheMachine(RuleBasedStateMachine):
         r = self._pick(i)
         if r is None or not self.engine.ready(r):
             return
-        hashes = self._hashes(r)
-        self._step("commit", lambda: self.engine.commit(r, hashes), lambda s, _: actions.commit(s, r, hashes))
+        full = self._full(r)
+        self._step("commit", lambda: self.engine.commit(r, full), lambda s, _: actions.commit(s, r, full.hashes))
 
     @rule(i=st.integers(0, 7), write=st.booleans())
     def release(self, i: int, write: bool) -> None:
@@ -176,12 +183,12 @@ class CacheMachine(RuleBasedStateMachine):
         r = self._pick(i)
         if r is None:
             return
-        hashes = self._hashes(r) if write else ()
+        written = self._full(r) if write else Blocks((), ())
         del self.live[r]  # before the call: the check after it expects the request gone
         self.gone.append(r)
         self._step(
             "release",
-            lambda: self.engine.release(r, hashes),
+            lambda: self.engine.release(r, written),
             lambda s, writes: actions.release(s, r, writes),
         )
 

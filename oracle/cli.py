@@ -18,8 +18,10 @@ from oracle.mutants import MUTANTS
 from oracle.report import columns
 from oracle.scheduler_machine import FAULT_RATE
 
-FAULT_RATE_DEFAULT = 0.3
 from oracle.targets import Target, all_targets, tally_of
+
+FAULT_RATE_DEFAULT = 0.3
+REPRO_DIR = "out/repro"
 
 
 @dataclass(frozen=True)
@@ -148,13 +150,16 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     except (EngineUnavailable, ValueError, ImportError) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
-    reference_only = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
-                                            ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT
-                                             and level != "scheduler"),
-                                            ("--kv-backend", args.kv_backend), ("--record", args.record)) if on]
-    if reference_only:
-        print(f"kvoracle check: {', '.join(reference_only)}: not with a {level} adapter", file=sys.stderr)
+    scheduler = level == "scheduler"
+    refused = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
+                                     ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
+                                     ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),
+                                     ("--repro-dir", args.repro_dir != REPRO_DIR and level != "engine")) if on]
+    if refused:
+        print(f"kvoracle check: {', '.join(refused)}: not with a {level} adapter", file=sys.stderr)
         return 2
+    if args.kv_backend:
+        os.environ["KV_BACKEND"] = args.kv_backend  # the reference scheduler's KV pools
     label = str(getattr(adapter, "name"))
     try:
         adapter()  # an adapter that cannot build its engine is reported here, not as a finding
@@ -272,11 +277,13 @@ def parser() -> argparse.ArgumentParser:
                    help="check this engine through its adapter instead (valid input, then bad input too); "
                         "exit status 1 when a violation is found. docs/engines.md")
     c.add_argument("--adapter", metavar="MODULE:CLASS",
-                   help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine")
+                   help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine; "
+                        "a TieredAdapter or SchedulerAdapter runs the cache or scheduler machine instead")
     c.add_argument("--bad-input", choices=[b.value for b in REQUEST_LEVEL],
                    help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
-    c.add_argument("--repro-dir", default="out/repro", metavar="DIR",
-                   help="with --engine/--adapter: where reproduction files are written (default out/repro)")
+    c.add_argument("--repro-dir", default=REPRO_DIR, metavar="DIR",
+                   help="with --engine/--adapter (an EngineAdapter): where reproduction files are written "
+                        "(default out/repro)")
     c.add_argument("--seeds", type=int, default=3,
                    help="seeds per target; a mutant's run stops at its first kill (default 3)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")

@@ -44,7 +44,7 @@ class BadInput(enum.Enum):
     UNKNOWN_REQUEST = "unknown_request"  # a call about a request that never existed
     UNKNOWN_TRANSFER = "unknown_transfer"  # complete a transfer that never existed
     BAD_PARTIAL = "bad_partial"  # complete a transfer with more items done than it has
-    DUPLICATE_REQUEST = "duplicate_request"  # start a request under a live request's id
+    DUPLICATE_REQUEST = "duplicate_request"  # start a request under an id in use (cache: live; scheduler: ever)
     HASH_MISMATCH = "hash_mismatch"  # commit more hashes than the request has blocks
     TOO_MANY = "too_many"  # allocate more blocks than are free
     BUSY_RESET = "busy_reset"  # reset the cache while requests are live

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from oracle.cache_machine import PROMPTS
+from oracle.cache_machine import PROMPTS, prompt
 from oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
 from oracle.violations import PropertyViolated
 from spec.invariants import Violation
@@ -31,11 +31,6 @@ class EngineTally:
     tolerated: int = 0  # bad calls accepted without any effect
     refused: int = 0  # admissions and growths the engine had no room for
     per_rule: dict[str, int] = field(default_factory=dict)
-
-
-def prompt(p: int, block_size: int) -> list[int]:
-    """PROMPTS[p] with each token widened to half a block, so block structure is kept."""
-    return [t for t in PROMPTS[p] for _ in range(max(1, block_size // 2))]
 
 
 class EngineMachine(RuleBasedStateMachine):

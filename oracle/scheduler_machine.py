@@ -65,9 +65,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- checking -----------------------------------------------------------------------
 
-    def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = ()) -> None:
+    def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
+              exits: bool = False) -> None:
         """Run one scheduler call; check every property after it. `exiting`: the
-        requests the call must have ended (LIVE-EXIT)."""
+        requests the call must have ended (LIVE-EXIT); `exits`: it may end or preempt
+        requests of its own accord (an exception escaping it cut an exit path short)."""
         before, statuses = self.engine.state(), self.engine.statuses()
         escaped: BaseException | None = None
         try:
@@ -77,14 +79,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._count(name)
         found = self.engine.content()
         if self.bookkeeping:
-            found = self._bookkeeping(name, before, statuses, exiting, escaped) + found
+            found = self._bookkeeping(name, before, statuses, exiting, exits, escaped) + found
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
             raise PropertyViolated(name, found)
 
     def _bookkeeping(self, name: str, before: SchedulerState | None, statuses: Mapping[RequestId, Status],
-                     exiting: Sequence[RequestId], escaped: BaseException | None) -> list[Violation]:
+                     exiting: Sequence[RequestId], exits: bool, escaped: BaseException | None) -> list[Violation]:
         e = self.engine
         now = e.statuses()
         found = list(e.invariants())
@@ -95,10 +97,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED):
                     found += live_exit(before, after, r)
         for r in exiting:
-            if now[r] is Status.RUNNING:
+            if now.get(r) is Status.RUNNING:
                 found.append(Violation("LIVE-EXIT", f"request {r} is still running after {name}"))
-        if escaped is not None:
+        if escaped is not None and (exiting or exits):
             found.append(Violation("LIVE-EXIT", f"{name} raised {escaped!r}: its exit path was cut short"))
+        elif escaped is not None:
+            found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
         live = {f"r{r}": 0 for r, s in now.items() if s not in EXITED}  # tokens: the engine observes them
         return with_observed(found, check(e.observe(), live, e.block_size) + check_tier(e.observe_cpu()))
 
@@ -128,7 +132,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(f=faults)
     def schedule(self, f: list[Fault]) -> None:
-        self._call("schedule", lambda: self.engine.schedule(f))
+        self._call("schedule", lambda: self.engine.schedule(f), exits=True)
 
     @rule(picks=st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True), f=faults)
     def finish(self, picks: list[int], f: list[Fault]) -> None:
@@ -178,7 +182,7 @@ def drain(m: SchedulerMachine) -> None:
     everything: all blocks free within a bounded number of ticks."""
     e = m.engine
     for r in sorted(r for r, s in e.statuses().items() if s not in EXITED):
-        m._call("drain:abort", lambda: e.abort(r, ()))
+        m._call("drain:abort", lambda: e.abort(r, ()), exiting=[r])
     bound = e.timeout + max(f.delay for f in FAULTS) + 2
     for _ in range(bound):
         m._call("drain:evict", e.evict_all)

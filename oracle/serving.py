@@ -4,7 +4,9 @@ call's storage and swap I/O chosen by the machine (oracle.scheduler_machine).
 
 `state` is the refinement hook into spec.scheduler: an engine that cannot map its
 state there returns None, and the machine checks what `observe`, `invariants` and
-`content` allow.
+`content` allow. Requests are spec/ RequestIds; the observations key tables, `waiting`
+and `tokens` by "r<id>", and must give `free`. The fault model's vocabulary
+(kvcache.faults.Fault) is the design's, shared by every engine.
 """
 
 from __future__ import annotations
@@ -40,15 +42,19 @@ class SchedulerAdapter(Protocol):
         """Time passes: late answers arrive, unanswered transfers time out."""
         ...
     def evict_all(self) -> None:
-        """Evict every cached block nothing holds, on both tiers (to drain)."""
+        """Evict what nothing holds on both tiers, as far as one round goes (GPU eviction
+        may swap out to the CPU tier; the machine repeats it while draining)."""
         ...
     def bad_call(self, kind: BadInput) -> bool:
-        """Make the bad call about a request in the state it needs. False: no such
-        request now, nothing was called. The engine's exception propagates."""
+        """Make the bad call, about a request in the state it needs (DUPLICATE_REQUEST:
+        any request submitted before, live or ended). False: no such request now,
+        nothing was called. The engine's exception propagates."""
         ...
 
     # --- what the machine asks and checks ----------------------------------------------
-    def statuses(self) -> Mapping[RequestId, Status]: ...
+    def statuses(self) -> Mapping[RequestId, Status]:
+        """Every request ever submitted, ended ones included (bad calls about them)."""
+        ...
     def running(self) -> list[RequestId]: ...
     def waiting(self) -> list[RequestId]: ...
     def transfers(self) -> int:

@@ -5,13 +5,17 @@ chosen by the machine (oracle.cache_machine).
 Each operation returns the choices the engine made (which blocks, which evictions,
 which writes) in spec/ terms, so that the machine can apply the same spec/ action to
 the engine's abstraction and compare: `abstract` is the refinement hook. An engine that
-cannot map its state to spec/ returns None there; the machine then checks what
-`observe` and `invariants` allow.
+cannot map its state to spec/ (for one, an engine that keeps a host copy of a block
+while it is on the GPU: spec/'s tiers are exclusive) returns None there; the machine
+then checks what `observe` and `invariants` allow.
+
+Requests are spec/ RequestIds; the observations key tables by "r<id>". Both
+observations must give `free`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,7 +35,18 @@ class Matched:
 
 
 @dataclass(frozen=True)
-class InFlight:
+class Blocks:
+    """A request's tokens, and spec/'s chained hash of each full block of them (an engine
+    keyed by tokens uses the first, one keyed by hashes the second)."""
+
+    tokens: tuple[int, ...]
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A transfer in flight."""
+
     transfer: TransferId
     items: int  # blocks it moves (a partial outcome completes a prefix of them)
 
@@ -46,28 +61,30 @@ class TieredAdapter(Protocol):
 
     # --- what a scheduler asks before it calls ------------------------------------------
     def free_gpu(self) -> int: ...
-    def gpu_hits(self, hashes: Sequence[BlockHash]) -> int: ...
+    def gpu_hits(self, prompt: Blocks) -> int:
+        """Leading blocks of `prompt` cached on the GPU."""
+        ...
     def ready(self, r: RequestId) -> bool:
         """Nothing is still filling the request's blocks (its swap-in and prefetch ended)."""
         ...
     def table(self, r: RequestId) -> tuple[GpuBlock, ...]: ...
-    def in_flight(self) -> list[InFlight]: ...
+    def in_flight(self) -> list[Pending]: ...
     def cached(self) -> int:
         """Blocks the prefix cache indexes, on either tier."""
         ...
 
     # --- operations -------------------------------------------------------------------
-    def match(self, r: RequestId, hashes: Sequence[BlockHash], limit: int) -> Matched:
-        """Take the cached prefix of `hashes` for a new request `r`, starting a swap-in or
+    def match(self, r: RequestId, prompt: Blocks, limit: int) -> Matched:
+        """Take the cached prefix of `prompt` for a new request `r`, starting a swap-in or
         prefetch of at most `limit` blocks for what is on the CPU or in storage."""
         ...
     def allocate(self, r: RequestId, n: int) -> tuple[GpuBlock, ...]: ...
-    def commit(self, r: RequestId, hashes: Sequence[BlockHash]) -> None:
-        """Index the request's full blocks under `hashes`."""
+    def commit(self, r: RequestId, full: Blocks) -> None:
+        """Index the request's leading full blocks (`full`) in the prefix cache."""
         ...
-    def release(self, r: RequestId, write: Sequence[BlockHash]) -> tuple[tuple[BlockHash, GpuBlock], ...]:
-        """End the request, first writing its blocks under `write` to storage; the
-        writes it started."""
+    def release(self, r: RequestId, write: Blocks) -> tuple[tuple[BlockHash, GpuBlock], ...]:
+        """End the request, first starting a storage write of its leading blocks in
+        `write` (none when empty); the writes it started."""
         ...
     def evict_gpu(self, n: int) -> tuple[EvictStep, ...]: ...
     def evict_cpu(self, n: int) -> tuple[EvictStep, ...]: ...
@@ -76,8 +93,9 @@ class TieredAdapter(Protocol):
         """Drop the whole cache (allowed only when no request is live)."""
         ...
     def bad_call(self, kind: BadInput, r: RequestId | None) -> bool:
-        """Make the bad call (about `r` where the kind needs one). False: not applicable
-        in this state, nothing was called. The engine's exception propagates."""
+        """Make the bad call: about `r`, a request that ended for DOUBLE_FINISH and a live
+        one otherwise (None: there is none). False: not applicable now, nothing was
+        called. The engine's exception propagates."""
         ...
 
     # --- what the machine checks -----------------------------------------------------

@@ -16,7 +16,7 @@ from oracle.campaign import run_machine
 from kvcache.errors import DoubleFree
 from oracle.engine import BadInput, NoRoom, Observation, Op, check, drained
 from oracle.engine_campaign import engine_machine, run_engine
-from oracle.engine_machine import prompt
+from oracle.cache_machine import prompt
 from oracle.engines import ENGINES, EngineUnavailable, adapter_class
 from oracle.engines.reference import ReferenceAdapter
 from oracle.mutants import by_name

@@ -20,7 +20,7 @@ from kvcache.errors import (
 from kvcache.manager import CacheManager
 from kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
 from oracle.engine import BadInput, Observation
-from oracle.tiered import InFlight, Matched
+from oracle.tiered import Blocks, Matched, Pending
 from spec.actions import EvictStep
 from spec.invariants import Violation
 from spec.state import CacheState
@@ -108,8 +108,8 @@ class ReferenceCache:
     def free_gpu(self) -> int:
         return self.cache.gpu.num_free
 
-    def gpu_hits(self, hashes: Sequence[BlockHash]) -> int:
-        return self.cache.gpu_hits(hashes)
+    def gpu_hits(self, prompt: Blocks) -> int:
+        return self.cache.gpu_hits(prompt.hashes)
 
     def ready(self, r: RequestId) -> bool:
         return self.cache.ready(r)
@@ -117,24 +117,24 @@ class ReferenceCache:
     def table(self, r: RequestId) -> tuple[GpuBlock, ...]:
         return tuple(self.cache.table(r))
 
-    def in_flight(self) -> list[InFlight]:
-        return [InFlight(t, len(self.cache.jobs[t].items)) for t in self.cache.in_flight()]
+    def in_flight(self) -> list[Pending]:
+        return [Pending(t, len(self.cache.jobs[t].items)) for t in self.cache.in_flight()]
 
     def cached(self) -> int:
         return self.cache.tree.size
 
-    def match(self, r: RequestId, hashes: Sequence[BlockHash], limit: int) -> Matched:
-        rep = self.cache.match(r, hashes, limit=limit)
+    def match(self, r: RequestId, prompt: Blocks, limit: int) -> Matched:
+        rep = self.cache.match(r, prompt.hashes, limit=limit)
         return Matched(rep.swap_dests, rep.prefetch_dests)
 
     def allocate(self, r: RequestId, n: int) -> tuple[GpuBlock, ...]:
         return tuple(self.cache.allocate(r, n))
 
-    def commit(self, r: RequestId, hashes: Sequence[BlockHash]) -> None:
-        self.cache.commit(r, hashes)
+    def commit(self, r: RequestId, full: Blocks) -> None:
+        self.cache.commit(r, full.hashes)
 
-    def release(self, r: RequestId, write: Sequence[BlockHash]) -> tuple[tuple[BlockHash, GpuBlock], ...]:
-        return self.cache.release(r, write).writes
+    def release(self, r: RequestId, write: Blocks) -> tuple[tuple[BlockHash, GpuBlock], ...]:
+        return self.cache.release(r, write.hashes).writes
 
     def evict_gpu(self, n: int) -> tuple[EvictStep, ...]:
         return self.cache.evict_gpu(n).steps
@@ -156,7 +156,8 @@ class ReferenceCache:
         return True
 
     def _bad_calls(self, r: RequestId | None) -> dict[BadInput, Callable[[], object]]:
-        """The bad calls that apply in this state (`r`: the request the kind is about)."""
+        """The bad calls that apply in this state (`r`: the request the kind is about, as
+        the machine knows it: a request the engine should have forgotten is still tried)."""
         c = self.cache
         calls: dict[BadInput, Callable[[], object]] = {
             BadInput.OUT_OF_RANGE: lambda: c.gpu.free([GpuBlock(c.gpu.size)]),
@@ -169,12 +170,10 @@ class ReferenceCache:
         if c.jobs:
             t = c.in_flight()[0]
             calls[BadInput.BAD_PARTIAL] = lambda: c.complete(t, Partial(len(c.jobs[t].items) + 1))
-        if r is not None and r not in c.requests:
+        if r is not None:
             calls[BadInput.DOUBLE_FINISH] = lambda: c.release(r)
-        if r is not None and r in c.requests:
-            bogus = (BlockHash(1),) * (len(c.table(r)) + 1)
             calls[BadInput.DUPLICATE_REQUEST] = lambda: c.match(r, ())
-            calls[BadInput.HASH_MISMATCH] = lambda: c.commit(r, bogus)
+            calls[BadInput.HASH_MISMATCH] = lambda: c.commit(r, (BlockHash(1),) * (len(c.table(r)) + 1))
             calls[BadInput.BUSY_RESET] = c.reset
             calls[BadInput.TOO_MANY] = lambda: c.allocate(r, c.gpu.num_free + 1)
         return calls

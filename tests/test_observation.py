@@ -1,0 +1,103 @@
+"""The checks an Observation allows (oracle.engine), on hand-made observations, and how
+`kvoracle check --adapter` tells the adapter Protocols apart."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle.engine import Observation, check, check_tier, with_observed
+from oracle.engines import protocol_of
+from oracle.engines.reference import ReferenceAdapter
+from oracle.engines.reference_cache import ReferenceCache
+from oracle.engines.reference_scheduler import ReferenceScheduler
+from spec.invariants import Violation
+
+# Six blocks: 0, 1 free; 2, 3 cached (3 idle); 4 in r0's table; 5 held by a transfer.
+SOUND = Observation(ids=range(6), free=(0, 1), evictable=(3,), tables={"r0": (2, 4)}, cached=frozenset({2, 3}),
+                    refcounts={2: 1, 3: 0}, pinned=frozenset({5}))
+LIVE = {"r0": 4}
+
+
+def ids(found: list[Violation]) -> list[str]:
+    return [v.id for v in found]
+
+
+def test_a_sound_observation_passes() -> None:
+    assert check(SOUND, LIVE, 2) == []
+
+
+def test_a_pinned_block_has_an_owner() -> None:
+    unpinned = Observation(**{**SOUND.__dict__, "pinned": frozenset()})
+    assert "owned by nobody" in str(check(unpinned, LIVE, 2))
+
+
+@pytest.mark.parametrize("free, what", [
+    ((0, 1, 3), "both free and cached"),
+    ((0, 1, 5), "an in-flight transfer holds them"),
+    ((0, 1, 1), "on the free list twice"),
+    ((0, 1, 9), "outside"),
+])
+def test_conservation(free: tuple[int, ...], what: str) -> None:
+    found = check(Observation(**{**SOUND.__dict__, "free": free}), LIVE, 2)
+    assert "INV-CONSERVE" in ids(found) and what in str(found)
+
+
+def test_the_most_specific_violation_comes_first() -> None:
+    """Cached block 2 is on the free list while r0 holds it: INV-NO-UAF leads (spec's
+    order), the conservation symptom follows."""
+    found = check(Observation(**{**SOUND.__dict__, "free": (0, 1, 2)}), LIVE, 2)
+    assert ids(found)[0] == "INV-NO-UAF" and "INV-CONSERVE" in ids(found)
+
+
+def test_a_tier_without_tables() -> None:
+    cpu = Observation(ids=range(2), free=(0,), tables={}, cached=frozenset({0, 1}), counters={"n": (1, 2)})
+    assert ids(check_tier(cpu)) == ["INV-CONSERVE", "INV-COUNTERS"]
+
+
+def test_observed_violations_add_only_what_the_engine_missed() -> None:
+    own = [Violation("INV-CONSERVE", "engine's words")]
+    observed = [Violation("INV-CONSERVE", "observation's words"), Violation("INV-COUNTERS", "drift")]
+    assert with_observed(own, observed) == own + observed[1:]
+
+
+def test_each_reference_adapter_is_recognised() -> None:
+    assert [protocol_of(c) for c in (ReferenceAdapter, ReferenceCache, ReferenceScheduler)] == \
+        ["engine", "cache", "scheduler"]
+
+
+def test_a_class_of_no_protocol_is_told_what_it_lacks() -> None:
+    attrs = {n: getattr(ReferenceCache, n) for n in dir(ReferenceCache) if not n.startswith("_") and n != "complete"}
+    with pytest.raises(ValueError, match="NoComplete lacks complete of the TieredAdapter Protocol"):
+        protocol_of(type("NoComplete", (), attrs))
+
+
+LEAKY = """
+from oracle.engines.reference_scheduler import ReferenceScheduler
+from oracle.mutants import LeakyAdmit
+
+
+class Leaky(ReferenceScheduler):
+    name = "leaky"
+    scheduler_class = LeakyAdmit
+"""
+
+
+def test_cli_runs_the_scheduler_machine_on_a_scheduler_adapter(tmp_path: Path) -> None:
+    (tmp_path / "leaky.py").write_text(LEAKY, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter", f"{tmp_path}/leaky.py:Leaky",
+                           "--seeds", "1", "--examples", "100", "--fault-rate", "0.5"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"^leaky\s+scheduler\s.*\sFAIL\s+INV-REQUEST\s", done.stdout, re.M), done.stdout
+
+
+def test_cli_refuses_engine_only_options_for_a_deeper_adapter() -> None:
+    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter",
+                           "oracle.engines.reference_cache:ReferenceCache", "--repro-dir", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--repro-dir: not with a cache adapter" in done.stderr, done.stderr
