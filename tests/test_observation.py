@@ -76,24 +76,30 @@ def test_a_class_of_no_protocol_is_told_what_it_lacks() -> None:
         protocol_of(type("NoComplete", (), attrs))
 
 
-LEAKY = """
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from oracle.mutants import LeakyAdmit
+# A subclass of a reference adapter over a mutant: your engine, with a bug.
+MUTANT_ADAPTER = """
+from oracle.engines.{module} import {base}
+from oracle.mutants import {mutant}
 
 
-class Leaky(ReferenceScheduler):
-    name = "leaky"
-    scheduler_class = LeakyAdmit
+class Mine({base}):
+    name = "mine"
+    {attr} = {mutant}
 """
 
 
-def test_cli_runs_the_scheduler_machine_on_a_scheduler_adapter(tmp_path: Path) -> None:
-    (tmp_path / "leaky.py").write_text(LEAKY, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter", f"{tmp_path}/leaky.py:Leaky",
-                           "--seeds", "1", "--examples", "100", "--fault-rate", "0.5"],
-                          capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("module, base, attr, mutant, level, first", [
+    ("reference_cache", "ReferenceCache", "cache_class", "DoubleFreeAccepted", "cache", "INV-CONSERVE"),
+    ("reference_scheduler", "ReferenceScheduler", "scheduler_class", "LeakyAdmit", "scheduler", "INV-REQUEST"),
+])
+def test_cli_runs_the_machine_of_the_adapters_protocol(tmp_path: Path, module: str, base: str, attr: str,
+                                                       mutant: str, level: str, first: str) -> None:
+    source = MUTANT_ADAPTER.format(module=module, base=base, attr=attr, mutant=mutant)
+    (tmp_path / "mine.py").write_text(source, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter", f"{tmp_path}/mine.py:Mine",
+                           "--seeds", "1", "--examples", "100"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
-    assert re.search(r"^leaky\s+scheduler\s.*\sFAIL\s+INV-REQUEST\s", done.stdout, re.M), done.stdout
+    assert re.search(rf"^mine\s+{level}\s.*\sFAIL\s+{first}\s", done.stdout, re.M), done.stdout
 
 
 def test_cli_refuses_engine_only_options_for_a_deeper_adapter() -> None:
