@@ -19,7 +19,7 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, with_observed
+from oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, not_free, with_observed
 from oracle.engines.reference_cache import ReferenceCache
 from oracle.tiered import Blocks, TieredAdapter
 from oracle.violations import PropertyViolated, refused
@@ -285,8 +285,7 @@ def drain(m: CacheMachine, bound: int) -> int:
 
 def _held(e: TieredAdapter) -> tuple[int, int]:
     """GPU and CPU blocks not free."""
-    gpu, cpu = e.observe(), e.observe_cpu()
-    return len(gpu.ids) - len(set(gpu.free or ())), len(cpu.ids) - len(set(cpu.free or ()))
+    return not_free(e.observe()), not_free(e.observe_cpu())
 
 
 def _diff(want: CacheState, got: CacheState) -> str:

@@ -104,16 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         targets = [t for t in targets if t.name == args.mutant or (t.name == "reference" and t.level == level)]
     if args.level != "all":
         targets = [t for t in targets if t.level == args.level]
-    if not 0 <= args.fault_rate <= 1:
-        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
-        return 2
-    FAULT_RATE[0] = args.fault_rate
-    if args.kv_backend:
-        os.environ["KV_BACKEND"] = args.kv_backend
-    try:
-        make_pool(default_backend(), "cpu", 1, 2, 1, 8)
-    except BackendUnavailable as e:
-        print(f"kvoracle check: {e}", file=sys.stderr)
+    if not run_options(args):
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows: list[Row] = []
@@ -131,6 +122,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)))
     return 0 if not bad else 1
+
+
+def run_options(args: argparse.Namespace) -> bool:
+    """Set the campaign's fault rate and KV backend (the scheduler machine reads them);
+    False, with the reason printed, when either is unusable."""
+    if not 0 <= args.fault_rate <= 1:
+        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
+        return False
+    FAULT_RATE[0] = args.fault_rate
+    if args.kv_backend:
+        os.environ["KV_BACKEND"] = args.kv_backend
+    try:
+        make_pool(default_backend(), "cpu", 1, 2, 1, 8)
+    except BackendUnavailable as e:
+        print(f"kvoracle check: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
@@ -158,8 +166,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not with a {level} adapter", file=sys.stderr)
         return 2
-    if args.kv_backend:
-        os.environ["KV_BACKEND"] = args.kv_backend  # the reference scheduler's KV pools
+    if scheduler and not run_options(args):
+        return 2
     label = str(getattr(adapter, "name"))
     try:
         adapter()  # an adapter that cannot build its engine is reported here, not as a finding
@@ -192,10 +200,6 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
 def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -> int:
     """A tiered-cache or scheduler adapter: the reference's own machine at that level,
     valid and bad input together, as for the reference."""
-    if not 0 <= args.fault_rate <= 1:
-        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
-        return 2
-    FAULT_RATE[0] = args.fault_rate
     target = Target(str(getattr(adapter, "name")), level, None, adapter)
     progress(sys.stderr, 0, 1, f"{target.name} ({level})")
     row = run_target(target, list(range(args.seed, args.seed + args.seeds)), args.examples, args.steps)

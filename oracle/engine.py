@@ -245,6 +245,11 @@ def _counters(o: Observation) -> list[Violation]:
     ]
 
 
+def not_free(o: Observation) -> int:
+    """Blocks of the tier not on its free list (draining ends at 0)."""
+    return len(o.ids) - len(set(o.free or ()))
+
+
 def drained(o: Observation) -> list[Violation]:
     """LIVE-DRAIN: nothing running and everything evicted, every block must be reclaimable."""
     reclaimable = len(set(o.free or ())) + len(set(o.evictable or ()))

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvcache.faults import Fault, FaultKind
 from oracle.cache_machine import PROMPTS, Tally
-from oracle.engine import SCHEDULER_LEVEL, BadInput, check, check_tier, with_observed
+from oracle.engine import SCHEDULER_LEVEL, BadInput, check, check_tier, not_free, with_observed
 from oracle.engines.reference_scheduler import ReferenceScheduler
 from oracle.serving import SchedulerAdapter
 from oracle.violations import PropertyViolated, refused
@@ -197,5 +197,4 @@ def drain(m: SchedulerMachine) -> None:
 
 def _held(e: SchedulerAdapter) -> tuple[int, int]:
     """GPU and CPU blocks not free."""
-    gpu, cpu = e.observe(), e.observe_cpu()
-    return len(gpu.ids) - len(set(gpu.free or ())), len(cpu.ids) - len(set(cpu.free or ()))
+    return not_free(e.observe()), not_free(e.observe_cpu())

@@ -20,21 +20,23 @@ class Target:
     mutant: Mutant | None  # None: the reference (or `adapter`), which must pass
     adapter: type | None = None  # another engine, behind the level's adapter Protocol
 
-    def machine(self) -> type[RuleBasedStateMachine]:
-        """A fresh machine class (with its own tally) for this target."""
+    def machine(self, cache_base: type[ReferenceCache] = ReferenceCache,
+                scheduler_base: type[ReferenceScheduler] = ReferenceScheduler) -> type[RuleBasedStateMachine]:
+        """A fresh machine class (with its own tally) for this target; the mutant (if
+        any) goes into the reference adapter of its level, `cache_base` or `scheduler_base`."""
         attrs: dict[str, object] = {"tally": Tally()}
-        m = self.mutant
+        m, tag = self.mutant, self.name.replace("-", "_")
         if self.adapter is not None:
             attrs["make_adapter"] = self.adapter
-        elif m is not None and m.scheduler_class is None:
-            attrs["make_adapter"] = type(f"ReferenceCache_{self.name.replace('-', '_')}", (ReferenceCache,),
-                                         {"cache_class": m.cache_class})
-        elif m is not None:
-            attrs["make_adapter"] = type(f"ReferenceScheduler_{self.name.replace('-', '_')}", (ReferenceScheduler,),
-                                         {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class})
-            attrs["bookkeeping"] = m.bookkeeping
+        elif self.level == "cache":
+            parts: dict[str, object] = {} if m is None else {"cache_class": m.cache_class}
+            attrs["make_adapter"] = type(f"{cache_base.__name__}_{tag}", (cache_base,), parts)
+        else:
+            parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
+            attrs["make_adapter"] = type(f"{scheduler_base.__name__}_{tag}", (scheduler_base,), parts)
+            attrs["bookkeeping"] = m is None or m.bookkeeping
         base = CacheMachine if self.level == "cache" else SchedulerMachine
-        return type(f"{self.level.title()}Machine_{self.name.replace('-', '_')}", (base,), attrs)
+        return type(f"{self.level.title()}Machine_{tag}", (base,), attrs)
 
 
 def all_targets() -> list[Target]:

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
-from oracle.cache_machine import CacheMachine, Tally
 from oracle.campaign import run_machine
 from oracle.engines.reference_cache import ReferenceCache
 from oracle.engines.reference_scheduler import ReferenceScheduler
 from oracle.mutant_docs import kill
 from oracle.mutants import MUTANTS, Mutant
-from oracle.scheduler_machine import SchedulerMachine
+from oracle.targets import Target
 from spec.invariants import Violation
 from spec.scheduler import SchedulerState
 from spec.state import CacheState
@@ -72,21 +71,9 @@ FIRST_ID = {
 }
 
 
-def cache_machine(m: Mutant | None) -> type[CacheMachine]:
-    attrs = {} if m is None else {"cache_class": m.cache_class}
-    adapter = type("BlackBox", (BlackBoxCache,), attrs)
-    return type("BlackBoxCacheMachine", (CacheMachine,), {"make_adapter": adapter, "tally": Tally()})
-
-
-def scheduler_machine(m: Mutant | None) -> type[SchedulerMachine]:
-    attrs = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
-    adapter = type("BlackBox", (BlackBoxScheduler,), attrs)
-    return type("BlackBoxSchedulerMachine", (SchedulerMachine,),
-                {"make_adapter": adapter, "tally": Tally(), "bookkeeping": m is None or m.bookkeeping})
-
-
 def black_box(m: Mutant | None, level: str) -> type[RuleBasedStateMachine]:
-    return cache_machine(m) if level == "cache" else scheduler_machine(m)
+    target = Target("reference" if m is None else m.name, level, m)
+    return target.machine(BlackBoxCache, BlackBoxScheduler)
 
 
 @pytest.mark.parametrize("level", ["cache", "scheduler"])
