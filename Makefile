@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test typecheck pytest bench prove prove-deep docs engines test-engines bench-engines clean
+.PHONY: run test typecheck pytest wheel-check bench prove prove-deep docs engines test-engines bench-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,13 +14,18 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/kvoracle check
 
-test: typecheck pytest
+test: typecheck pytest wheel-check
 
 typecheck: $(STAMP)
-	$(BIN)/mypy spec kvcache scheduler oracle proofs tests bench docs/examples
+	$(BIN)/mypy kvoracle tests bench docs/examples
 
 pytest: $(STAMP)
 	$(BIN)/pytest
+
+# The wheel as users install it: non-editable, in a fresh venv next to PyPI's `scheduler`,
+# run from outside the tree (kvoracle check, a quick prove, an engine-style test file).
+wheel-check: $(STAMP)
+	.ci/wheel_check
 
 bench: $(STAMP)
 	$(BIN)/python bench/workload.py
@@ -33,7 +38,7 @@ prove-deep: $(STAMP)
 	$(BIN)/kvoracle prove --deep
 
 docs: $(STAMP)
-	PYTHONHASHSEED=0 $(BIN)/python -m oracle.mutant_docs
+	PYTHONHASHSEED=0 $(BIN)/python -m kvoracle.oracle.mutant_docs
 
 # Engine environments: torch 2.13.0+cpu (the CPU wheel: on disk here; elsewhere add PyTorch's
 # CPU index, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; the constraint keeps CUDA wheels out),
@@ -41,17 +46,27 @@ docs: $(STAMP)
 ENGINE_PIN_vllm := vllm==0.33.0
 ENGINE_PIN_sglang := sglang==0.5.23
 ENGINE_PIP = .venv-$*/bin/pip install -q --disable-pip-version-check -c engines/torch.txt
+SOURCES := $(shell find kvoracle/ spec/ kvcache/ scheduler/ oracle/ proofs/ -name '*.py') pyproject.toml
+WHEEL := out/dist/.built
 
-.venv-%/.installed: engines/%.txt engines/torch.txt pyproject.toml
+# kvoracle goes into the engine environments as users install it: the wheel, not -e.
+$(WHEEL): $(SOURCES) $(STAMP)
+	rm -rf out/dist && $(BIN)/pip wheel -q --disable-pip-version-check --no-deps -w out/dist .
+	touch $@
+
+.venv-%/.installed: engines/%.txt engines/torch.txt
 	rm -rf .venv-$*
 	$(PYTHON) -m venv .venv-$*
 	$(ENGINE_PIP) torch==2.13.0+cpu
 	$(ENGINE_PIP) --no-deps $(ENGINE_PIN_$*)
 	$(ENGINE_PIP) --no-deps -r engines/$*.txt
-	$(ENGINE_PIP) --no-deps -e .
 	touch $@
 
-engines: .venv-vllm/.installed .venv-sglang/.installed
+.venv-%/.kvoracle: .venv-%/.installed $(WHEEL)
+	$(ENGINE_PIP) --no-deps --force-reinstall out/dist/kvoracle-*.whl
+	touch $@
+
+engines: .venv-vllm/.kvoracle .venv-sglang/.kvoracle
 
 # Each engine's campaigns and its findings' reproductions, in its own environment.
 test-engines: engines
@@ -64,4 +79,4 @@ bench-engines: engines $(STAMP)
 
 clean:
 	rm -rf .venv-vllm .venv-sglang
-	rm -rf $(VENV) .hypothesis .mypy_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) out .hypothesis .mypy_cache .pytest_cache *.egg-info

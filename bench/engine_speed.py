@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workload import conversation_turns  # noqa: E402  (bench/ is on sys.path when run as a script)
-from oracle.engines import ENGINES  # noqa: E402
+from kvoracle.oracle.engines import ENGINES  # noqa: E402
 
 BLOCK = 16
 PHASES = ("match", "allocate", "free")
@@ -42,9 +42,9 @@ class Driver(Protocol):
 
 class ReferenceDriver:
     def __init__(self, blocks: int) -> None:
-        from kvcache.manager import CacheManager
-        from spec.hashing import block_hashes
-        from spec.types import RequestId
+        from kvoracle.kvcache.manager import CacheManager
+        from kvoracle.spec.hashing import block_hashes
+        from kvoracle.spec.types import RequestId
 
         self.cache = CacheManager(blocks, 0)
         self.hashes = block_hashes
@@ -96,13 +96,13 @@ class PreambleDriver:
 
 
 def vllm_driver(blocks: int) -> Driver:
-    from oracle.engines.vllm import manager_preamble
+    from kvoracle.oracle.engines.vllm import manager_preamble
 
     return PreambleDriver(manager_preamble(BLOCK, blocks + 1, 1 << 16), "mgr.free")  # + vLLM's null block
 
 
 def sglang_driver(blocks: int) -> Driver:
-    from oracle.engines.sglang import preamble
+    from kvoracle.oracle.engines.sglang import preamble
 
     return PreambleDriver(preamble(BLOCK, blocks, rows=256, context=1 << 13), "finish")
 

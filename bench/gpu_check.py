@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvcache.pool import BlockPool, FingerprintTable, TorchPool, make_pool, seed_fingerprints  # noqa: E402
+from kvoracle.kvcache.pool import BlockPool, FingerprintTable, TorchPool, make_pool, seed_fingerprints  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = (16, 8, 128)  # block_size, heads, head_dim: fp16 blocks of 32 KiB

@@ -15,13 +15,13 @@ import random
 import time
 from collections.abc import Sequence
 
-from kvcache.faults import FaultyCopier, FaultyStorage, NoFaults
-from kvcache.manager import CacheManager
-from kvcache.storage import MemoryStorage
-from scheduler.request import WritePolicy
-from scheduler.resource_manager import ResourceManager
-from spec.scheduler import Status
-from spec.types import RequestId
+from kvoracle.kvcache.faults import FaultyCopier, FaultyStorage, NoFaults
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.storage import MemoryStorage
+from kvoracle.scheduler.request import WritePolicy
+from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec.scheduler import Status
+from kvoracle.spec.types import RequestId
 
 
 def conversation_turns(rnd: random.Random, requests: int, block: int) -> list[list[int]]:

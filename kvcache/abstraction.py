@@ -7,12 +7,12 @@ entries, kept counters, the allocators' bitmaps); `check_invariants` runs both.
 
 from __future__ import annotations
 
-from kvcache.manager import CacheManager
-from kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
-from kvcache.tree import CPU, GPU, Node
-from spec import invariants
-from spec.invariants import Violation
-from spec.state import (
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
+from kvoracle.kvcache.tree import CPU, GPU, Node
+from kvoracle.spec import invariants
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.state import (
     CacheState,
     Counters,
     Holding,
@@ -24,7 +24,7 @@ from spec.state import (
     SwapOut,
     Transfer,
 )
-from spec.types import OnCpu, TransferId
+from kvoracle.spec.types import OnCpu, TransferId
 
 
 def _spec_node(n: Node) -> SpecNode:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Sequence, TypeVar
 
-from kvcache.errors import BlockOutOfRange, DoubleFree, OutOfBlocks
-from spec.types import CpuBlock, GpuBlock
+from kvoracle.kvcache.errors import BlockOutOfRange, DoubleFree, OutOfBlocks
+from kvoracle.spec.types import CpuBlock, GpuBlock
 
 B = TypeVar("B", GpuBlock, CpuBlock)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Protocol, Sequence, TypeAlias
 
-from kvcache.storage import StorageBackend, StorageError
-from spec.types import BlockHash, Error, Ok, Outcome, Partial
+from kvoracle.kvcache.storage import StorageBackend, StorageError
+from kvoracle.spec.types import BlockHash, Error, Ok, Outcome, Partial
 
 
 class FaultKind(Enum):

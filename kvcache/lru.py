@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
-from kvcache.tree import Node
+from kvoracle.kvcache.tree import Node
 
 
 class LeafHeap:

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvcache.allocator import B, BlockAllocator
-from kvcache.errors import (
+from kvoracle.kvcache.allocator import B, BlockAllocator
+from kvoracle.kvcache.errors import (
     DuplicateRequest,
     HashMismatch,
     InvalidOutcome,
@@ -22,11 +22,11 @@ from kvcache.errors import (
     UnknownRequest,
     UnknownTransfer,
 )
-from kvcache.lru import LeafHeap
-from kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob, WriteJob
-from kvcache.tree import CPU, GPU, Node, RadixTree
-from spec.actions import Drop, EvictCpu, EvictStep, SwapOutTo
-from spec.types import (
+from kvoracle.kvcache.lru import LeafHeap
+from kvoracle.kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob, WriteJob
+from kvoracle.kvcache.tree import CPU, GPU, Node, RadixTree
+from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SwapOutTo
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     GpuBlock,

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from spec.types import BlockHash
+from kvoracle.spec.types import BlockHash
 
 
 class StorageError(Exception):

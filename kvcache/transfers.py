@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvcache.tree import Node
-from spec.types import BlockHash, CpuBlock, GpuBlock, RequestId, TransferId
+from kvoracle.kvcache.tree import Node
+from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, RequestId, TransferId
 
 
 @dataclass

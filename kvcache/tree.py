@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec.types import BlockHash, TierState, gpu_side
+from kvoracle.spec.types import BlockHash, TierState, gpu_side
 
 GPU, CPU = 0, 1  # index into Node.in_heap
 

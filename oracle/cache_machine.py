@@ -19,15 +19,15 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, not_free, with_observed
-from oracle.engines.reference_cache import ReferenceCache
-from oracle.tiered import Blocks, TieredAdapter
-from oracle.violations import PropertyViolated, refused
-from spec import actions
-from spec.hashing import block_hashes
-from spec.invariants import Violation
-from spec.state import CacheState, gpu_evictable
-from spec.types import BlockHash, Error, Ok, Outcome, Partial, RequestId, Timeout
+from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, not_free, with_observed
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.tiered import Blocks, TieredAdapter
+from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.spec import actions
+from kvoracle.spec.hashing import block_hashes
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.state import CacheState, gpu_evictable
+from kvoracle.spec.types import BlockHash, Error, Ok, Outcome, Partial, RequestId, Timeout
 
 R = TypeVar("R")
 # Prompts that share prefixes, so that matches, collisions and partial blocks all happen

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-from oracle.engine import BadInput
-from oracle.scheduler_machine import _fault
-from oracle.violations import PropertyViolated
-from spec.types import Error, Ok, Partial, Timeout
+from kvoracle.oracle.engine import BadInput
+from kvoracle.oracle.scheduler_machine import _fault
+from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
 
 @dataclass(frozen=True)

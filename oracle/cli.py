@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from kvcache.pool import BackendUnavailable, default_backend, make_pool
-from oracle.campaign import RunResult, readable, run_seeds
-from oracle.engine import REQUEST_LEVEL, BadInput
-from oracle.engines import ENGINES
-from oracle.mutants import MUTANTS
-from oracle.report import columns
-from oracle.scheduler_machine import FAULT_RATE
+from kvoracle.kvcache.pool import BackendUnavailable, default_backend, make_pool
+from kvoracle.oracle.campaign import RunResult, readable, run_seeds
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput
+from kvoracle.oracle.engines import ENGINES
+from kvoracle.oracle.mutants import MUTANTS
+from kvoracle.oracle.report import columns
+from kvoracle.oracle.scheduler_machine import FAULT_RATE
 
-from oracle.targets import Target, all_targets, tally_of
+from kvoracle.oracle.targets import Target, all_targets, tally_of
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -142,8 +142,8 @@ def run_options(args: argparse.Namespace) -> bool:
 
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
-    from oracle.engine_campaign import engine_table, restricted, run_engine
-    from oracle.engines import EngineUnavailable, adapter_class, load_adapter, protocol_of
+    from kvoracle.oracle.engine_campaign import engine_table, restricted, run_engine
+    from kvoracle.oracle.engines import EngineUnavailable, adapter_class, load_adapter, protocol_of
 
     if args.engine and args.adapter:
         print("kvoracle check: --engine and --adapter exclude each other", file=sys.stderr)
@@ -220,7 +220,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
 
 def cmd_check_trace(args: argparse.Namespace) -> int:
-    from oracle.trace import TraceFormatError, check_trace, read_lines
+    from kvoracle.oracle.trace import TraceFormatError, check_trace, read_lines
 
     try:
         with open(args.file, encoding="utf-8") as f:
@@ -244,7 +244,7 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
 
 
 def record_trace(path: str, events: int, seed: int) -> None:
-    from oracle.trace import record
+    from kvoracle.oracle.trace import record
 
     with open(path, "w", encoding="utf-8") as f:
         n = record(f, steps=events, seed=seed)
@@ -252,9 +252,9 @@ def record_trace(path: str, events: int, seed: int) -> None:
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    from proofs.obligations import ALL_IDS, run_all, uncovered
+    from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
-    rows = run_all(deep=args.deep, crosshair=not args.no_crosshair, examples=args.examples,
+    rows = run_all("deep" if args.deep else args.scope, crosshair=not args.no_crosshair, examples=args.examples,
                    progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     head = ("property", "method", "scope", "explored", "time", "verdict")
     body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
@@ -313,7 +313,10 @@ def parser() -> argparse.ArgumentParser:
                         description="Runs the bounded model check of spec/ (and of the seed-bug mutants), the "
                                     "Hypothesis machines on the reference and the CrossHair contracts. "
                                     "Exit status non-zero when any obligation fails or an ID is uncovered.")
-    pr.add_argument("--deep", action="store_true", help="the larger scope (re-admission after preemption; minutes)")
+    pr.add_argument("--scope", choices=["quick", "ci", "deep"], default="ci",
+                    help="quick: a small model and few programs (seconds); ci: the default (about 2 minutes); "
+                         "deep: the larger model-check scope (minutes)")
+    pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")

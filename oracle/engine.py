@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spec.invariants import Violation, by_severity
+from kvoracle.spec.invariants import Violation, by_severity
 
 
 class Op(enum.Enum):

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle.campaign import RunResult, run_seeds
-from oracle.engine import BadInput, EngineAdapter
-from oracle.engine_machine import EngineMachine, EngineTally
-from oracle.findings import confirms, reproduction, run_reproduction
-from oracle.report import columns
+from kvoracle.oracle.campaign import RunResult, run_seeds
+from kvoracle.oracle.engine import BadInput, EngineAdapter
+from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
+from kvoracle.oracle.findings import confirms, reproduction, run_reproduction
+from kvoracle.oracle.report import columns
 
 
 @dataclass(frozen=True)

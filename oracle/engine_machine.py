@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from oracle.cache_machine import PROMPTS, prompt
-from oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
-from oracle.violations import PropertyViolated
-from spec.invariants import Violation
+from kvoracle.oracle.cache_machine import PROMPTS, prompt
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
+from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
 

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from oracle.campaign import replay
-from oracle.engine_machine import EngineMachine
-from oracle.violations import PropertyViolated
+from kvoracle.oracle.campaign import replay
+from kvoracle.oracle.engine_machine import EngineMachine
+from kvoracle.oracle.violations import PropertyViolated
 
 _HEADER = "# kvoracle reproduction: {engine}, {id}"
 _HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from oracle.campaign import RunResult, readable, run_seeds
-from oracle.mutants import MUTANTS, Mutant
-from oracle.targets import Target
+from kvoracle.oracle.campaign import RunResult, readable, run_seeds
+from kvoracle.oracle.mutants import MUTANTS, Mutant
+from kvoracle.oracle.targets import Target
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "mutants.md"
 SEEDS = range(5)

@@ -11,17 +11,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvcache.allocator import BlockAllocator
-from kvcache.lru import LeafHeap
-from kvcache.manager import CacheManager, EvictReport, Holding, ReleaseReport
-from kvcache.faults import Reply
-from kvcache.errors import OutOfBlocks
-from kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
-from scheduler.resource_manager import ResourceManager
-from spec.scheduler import Status
-from spec.types import Outcome, TransferId
-from kvcache.tree import GPU, Node
-from spec.types import BlockHash, CpuBlock, GpuBlock, OnGpu, RequestId
+from kvoracle.kvcache.allocator import BlockAllocator
+from kvoracle.kvcache.lru import LeafHeap
+from kvoracle.kvcache.manager import CacheManager, EvictReport, Holding, ReleaseReport
+from kvoracle.kvcache.faults import Reply
+from kvoracle.kvcache.errors import OutOfBlocks
+from kvoracle.kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
+from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec.scheduler import Status
+from kvoracle.spec.types import Outcome, TransferId
+from kvoracle.kvcache.tree import GPU, Node
+from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, OnGpu, RequestId
 
 
 @dataclass(frozen=True)

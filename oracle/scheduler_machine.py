@@ -18,15 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvcache.faults import Fault, FaultKind
-from oracle.cache_machine import PROMPTS, Tally
-from oracle.engine import SCHEDULER_LEVEL, BadInput, check, check_tier, not_free, with_observed
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from oracle.serving import SchedulerAdapter
-from oracle.violations import PropertyViolated, refused
-from spec.invariants import Violation
-from spec.scheduler import EXITED, SchedulerState, Status, inv_request, live_exit, live_transfer
-from spec.types import RequestId
+from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle.cache_machine import PROMPTS, Tally
+from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, check, check_tier, not_free, with_observed
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.serving import SchedulerAdapter
+from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.scheduler import EXITED, SchedulerState, Status, inv_request, live_exit, live_transfer
+from kvoracle.spec.types import RequestId
 
 FAULTS: tuple[Fault, ...] = (
     Fault(FaultKind.RAISE),

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from kvcache.faults import Fault
-from oracle.engine import BadInput, Observation
-from spec.invariants import Violation
-from spec.scheduler import SchedulerState, Status
-from spec.types import RequestId
+from kvoracle.kvcache.faults import Fault
+from kvoracle.oracle.engine import BadInput, Observation
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.scheduler import SchedulerState, Status
+from kvoracle.spec.types import RequestId
 
 
 class SchedulerAdapter(Protocol):

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from oracle.cache_machine import CacheMachine, Tally
-from oracle.engines.reference_cache import ReferenceCache
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from oracle.mutants import MUTANTS, Mutant
-from oracle.scheduler_machine import SchedulerMachine
+from kvoracle.oracle.cache_machine import CacheMachine, Tally
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.mutants import MUTANTS, Mutant
+from kvoracle.oracle.scheduler_machine import SchedulerMachine
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from oracle.engine import BadInput, Observation
-from spec.actions import EvictStep
-from spec.invariants import Violation
-from spec.state import CacheState
-from spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
+from kvoracle.oracle.engine import BadInput, Observation
+from kvoracle.spec.actions import EvictStep
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.state import CacheState
+from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
 
 
 @dataclass(frozen=True)

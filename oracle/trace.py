@@ -20,14 +20,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Mapping, TextIO, cast
 
-from kvcache.abstraction import abstract, observe
-from kvcache.manager import CacheManager
-from spec import actions
-from spec.actions import Drop, EvictCpu, EvictStep, PreconditionError, SwapOutTo
-from spec.hashing import block_hashes
-from spec.invariants import Violation, by_severity, check
-from spec.state import CacheState, Counters, Observed, initial
-from spec.types import (
+from kvoracle.kvcache.abstraction import abstract, observe
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.spec import actions
+from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, PreconditionError, SwapOutTo
+from kvoracle.spec.hashing import block_hashes
+from kvoracle.spec.invariants import Violation, by_severity, check
+from kvoracle.spec.state import CacheState, Counters, Observed, initial
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     Error,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from spec.invariants import Violation
+from kvoracle.spec.invariants import Violation
 
 
 class PropertyViolated(AssertionError):

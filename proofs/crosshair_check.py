@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULE = "proofs.contracts"
+MODULE = "kvoracle.proofs.contracts"
 ANALYSIS_KIND = "asserts"  # see the module docstring of proofs/contracts.py
 ROOT = Path(__file__).resolve().parent.parent
 

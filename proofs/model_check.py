@@ -26,11 +26,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from spec import actions
-from spec.hashing import block_hashes
-from spec.invariants import Violation, check
-from spec.scheduler import live_exit_cache
-from spec.state import (
+from kvoracle.spec import actions
+from kvoracle.spec.hashing import block_hashes
+from kvoracle.spec.invariants import Violation, check
+from kvoracle.spec.scheduler import live_exit_cache
+from kvoracle.spec.state import (
     CacheState,
     Holding,
     Node,
@@ -45,7 +45,7 @@ from spec.state import (
     initial,
     true_counters,
 )
-from spec.types import (
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     Error,

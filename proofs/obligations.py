@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proofs.model_check import MUTATIONS, Scope, explore
-from spec.properties import PROPERTIES
+from kvoracle.proofs.model_check import MUTATIONS, Scope, explore
+from kvoracle.spec.properties import PROPERTIES
 
 MODEL_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN", "INV-HEAP-SOUND",
              "INV-HEAP-COMPLETE", "INV-REQUEST", "LIVE-EXIT", "LIVE-EVICT", "LIVE-DRAIN")
@@ -23,6 +23,13 @@ ALL_IDS = tuple(PROPERTIES)
 CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2, admissions=1)
 MUTANT_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)
 DEEP_SCOPE = Scope(gpu_blocks=8, cpu_blocks=3, storage=True, requests=4, prompt_blocks=2, alphabet=2, admissions=1)
+QUICK_SCOPE = Scope(gpu_blocks=4, cpu_blocks=1, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=1)
+# name -> (model-check scope, its state limit, machine programs per 100 asked)
+SCOPES: dict[str, tuple[Scope, int, int]] = {
+    "quick": (QUICK_SCOPE, 100_000, 20),
+    "ci": (CI_SCOPE, 500_000, 100),
+    "deep": (DEEP_SCOPE, 5_000_000, 500),
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,8 @@ def mutant_rows(scope: Scope) -> list[Row]:
 
 
 def machine_rows(examples: int) -> list[Row]:
-    from oracle.campaign import run_machine
-    from oracle.targets import Target, tally_of
+    from kvoracle.oracle.campaign import run_machine
+    from kvoracle.oracle.targets import Target, tally_of
 
     out = []
     for level, ids in (("cache", CACHE_MACHINE_IDS), ("scheduler", SCHEDULER_MACHINE_IDS)):
@@ -79,7 +86,7 @@ def machine_rows(examples: int) -> list[Row]:
 
 
 def crosshair_rows(per_condition_timeout: float, total_timeout: float) -> list[Row]:
-    from proofs.crosshair_check import check
+    from kvoracle.proofs.crosshair_check import check
 
     out = []
     for c in check(per_condition_timeout=per_condition_timeout, total_timeout=total_timeout):
@@ -97,18 +104,19 @@ def uncovered(rows: list[Row]) -> list[str]:
     return [i for i in ALL_IDS if i not in covered]
 
 
-def run_all(deep: bool = False, crosshair: bool = True, examples: int = 100,
+def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
             progress: Callable[[str], None] | None = None) -> list[Row]:
+    """Every obligation at the named scope (SCOPES: quick, ci, deep)."""
     say = progress or (lambda _: None)
     start = time.perf_counter()
     rows: list[Row] = []
-    scope = DEEP_SCOPE if deep else CI_SCOPE
+    scope, max_states, per_100 = SCOPES[scope_name]
     say(f"model check: {scope.describe()}")
-    rows += model_rows(scope, max_states=5_000_000 if deep else 500_000)
+    rows += model_rows(scope, max_states=max_states)
     say("model check of the seed-bug mutants")
     rows += mutant_rows(MUTANT_SCOPE)
     say("Hypothesis machines on the reference")
-    rows += machine_rows(examples * (5 if deep else 1))
+    rows += machine_rows(max(1, examples * per_100 // 100))
     if crosshair:
         say("CrossHair contracts")
         rows += crosshair_rows(per_condition_timeout=10.0, total_timeout=600.0)

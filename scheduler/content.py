@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcache.manager import CacheManager
-from kvcache.pool import BlockPool, seed_fingerprints
-from spec.hashing import block_hash
-from spec.invariants import Violation
-from spec.types import BlockHash, OnCpu, OnGpu, SwappingIn, SwappingOut
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.pool import BlockPool, seed_fingerprints
+from kvoracle.spec.hashing import block_hash
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.types import BlockHash, OnCpu, OnGpu, SwappingIn, SwappingOut
 
 
 @dataclass(frozen=True)

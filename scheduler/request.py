@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from spec.types import BlockHash, RequestId
-from spec.scheduler import Status
+from kvoracle.spec.types import BlockHash, RequestId
+from kvoracle.spec.scheduler import Status
 
 
 class WritePolicy(Enum):

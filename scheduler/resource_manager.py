@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvcache.errors import (
+from kvoracle.kvcache.errors import (
     DuplicateRequest,
     EmptyRequest,
     NotRunning,
@@ -20,15 +20,15 @@ from kvcache.errors import (
     RequestTooLarge,
     UnknownRequest,
 )
-from kvcache.faults import Answer, FaultyCopier, FaultyStorage, Reply, SwapError
-from kvcache.manager import CacheManager, MatchReport
-from kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob
-from kvcache.storage import StorageError
-from scheduler.content import KVPools, block_seeds
-from scheduler.request import Request, WritePolicy
-from spec.hashing import block_hash
-from spec.scheduler import EXITED, Status
-from spec.types import BlockHash, Error, GpuBlock, Outcome, RequestId, Timeout, TransferId, succeeded
+from kvoracle.kvcache.faults import Answer, FaultyCopier, FaultyStorage, Reply, SwapError
+from kvoracle.kvcache.manager import CacheManager, MatchReport
+from kvoracle.kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob
+from kvoracle.kvcache.storage import StorageError
+from kvoracle.scheduler.content import KVPools, block_seeds
+from kvoracle.scheduler.request import Request, WritePolicy
+from kvoracle.spec.hashing import block_hash
+from kvoracle.spec.scheduler import EXITED, Status
+from kvoracle.spec.types import BlockHash, Error, GpuBlock, Outcome, RequestId, Timeout, TransferId, succeeded
 
 
 @dataclass

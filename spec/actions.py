@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence, TypeVar
 
-from spec.state import (
+from kvoracle.spec.state import (
     CacheState,
     Holding,
     Node,
@@ -23,7 +23,7 @@ from spec.state import (
     cpu_evictable,
     gpu_evictable,
 )
-from spec.types import (
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     GpuBlock,

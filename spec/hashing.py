@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from spec.types import BlockHash
+from kvoracle.spec.types import BlockHash
 
 
 def block_hash(parent: BlockHash | None, tokens: Sequence[int], extra: Sequence[int] = ()) -> BlockHash:

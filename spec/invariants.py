@@ -10,7 +10,7 @@ from collections import Counter as Multiset
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from spec.state import (
+from kvoracle.spec.state import (
     CacheState,
     Observed,
     Prefetch,
@@ -21,7 +21,7 @@ from spec.state import (
     gpu_evictable,
     true_counters,
 )
-from spec.types import (
+from kvoracle.spec.types import (
     CpuBlock,
     Free,
     GpuBlock,

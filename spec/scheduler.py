@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Mapping, Sequence
 
-from spec import actions
-from spec.actions import PreconditionError
-from spec.invariants import Violation, gpu_claims
-from spec.state import CacheState
-from spec.types import BlockHash, Free, GpuBlock, InFlight, OwnedByNode, OwnedByRequest, RequestId, TransferId
+from kvoracle.spec import actions
+from kvoracle.spec.actions import PreconditionError
+from kvoracle.spec.invariants import Violation, gpu_claims
+from kvoracle.spec.state import CacheState
+from kvoracle.spec.types import BlockHash, Free, GpuBlock, InFlight, OwnedByNode, OwnedByRequest, RequestId, TransferId
 
 
 class Status(Enum):

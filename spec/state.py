@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from spec.types import (
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     GpuBlock,

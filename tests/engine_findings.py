@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oracle.findings import confirms, header, run_reproduction
+from kvoracle.oracle.findings import confirms, header, run_reproduction
 
 FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "findings"
 

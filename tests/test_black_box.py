@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
-from oracle.campaign import run_machine
-from oracle.engines.reference_cache import ReferenceCache
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from oracle.mutant_docs import kill
-from oracle.mutants import MUTANTS, Mutant
-from oracle.targets import Target
-from spec.invariants import Violation
-from spec.scheduler import SchedulerState
-from spec.state import CacheState
+from kvoracle.oracle.campaign import run_machine
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.mutant_docs import kill
+from kvoracle.oracle.mutants import MUTANTS, Mutant
+from kvoracle.oracle.targets import Target
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.scheduler import SchedulerState
+from kvoracle.spec.state import CacheState
 
 
 class BlackBoxCache(ReferenceCache):

@@ -1,5 +1,5 @@
 """The reference cache survives the cache-level stateful machine."""
 
-from oracle.cache_machine import CacheMachine
+from kvoracle.oracle.cache_machine import CacheMachine
 
 TestReferenceCache = CacheMachine.TestCase

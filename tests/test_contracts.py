@@ -10,23 +10,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcache.abstraction import abstract
-from kvcache.allocator import BlockAllocator
-from kvcache.errors import KVCacheError
-from kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, NoFaults, ScriptedFaults
-from kvcache.lru import LeafHeap
-from kvcache.manager import CacheManager
-from kvcache.storage import MemoryStorage
-from kvcache.tree import GPU, Node as TreeNode
-from proofs import contracts as c
-from proofs import crosshair_check as cc
-from scheduler.request import WritePolicy
-from scheduler.resource_manager import ResourceManager
-from spec import actions
-from spec.hashing import block_hashes
-from spec.invariants import gpu_claims
-from spec.state import CacheState, initial
-from spec.types import (
+from kvoracle.kvcache.abstraction import abstract
+from kvoracle.kvcache.allocator import BlockAllocator
+from kvoracle.kvcache.errors import KVCacheError
+from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, NoFaults, ScriptedFaults
+from kvoracle.kvcache.lru import LeafHeap
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.storage import MemoryStorage
+from kvoracle.kvcache.tree import GPU, Node as TreeNode
+from kvoracle.proofs import contracts as c
+from kvoracle.proofs import crosshair_check as cc
+from kvoracle.scheduler.request import WritePolicy
+from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec import actions
+from kvoracle.spec.hashing import block_hashes
+from kvoracle.spec.invariants import gpu_claims
+from kvoracle.spec.state import CacheState, initial
+from kvoracle.spec.types import (
     BlockHash,
     Error,
     Free,

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Set
 from pathlib import Path
 
-from proofs.obligations import CACHE_MACHINE_IDS, MODEL_IDS, SCHEDULER_MACHINE_IDS
-from spec.properties import PROPERTIES
+from kvoracle.proofs.obligations import CACHE_MACHINE_IDS, MODEL_IDS, SCHEDULER_MACHINE_IDS
+from kvoracle.spec.properties import PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
 ID = re.compile(r"\b((?:INV|LIVE)-[A-Z]+(?:-[A-Z]+)*)\b")
@@ -63,7 +63,7 @@ def test_removing_an_id_from_either_side_fails() -> None:
 
 def test_mutant_page_is_fresh() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    done = subprocess.run([sys.executable, "-m", "oracle.mutant_docs", "--check"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.mutant_docs", "--check"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
 

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("fastdeploy", reason="FastDeploy is installed from source with PaddlePaddle (docs/engines.md)")
 
-from oracle.engine import BadInput  # noqa: E402
-from oracle.engine_campaign import run_engine  # noqa: E402
-from oracle.engines.fastdeploy import FastDeployAdapter  # noqa: E402
+from kvoracle.oracle.engine import BadInput  # noqa: E402
+from kvoracle.oracle.engine_campaign import run_engine  # noqa: E402
+from kvoracle.oracle.engines.fastdeploy import FastDeployAdapter  # noqa: E402
 from engine_findings import assert_reproduces, reproductions  # noqa: E402
 
 

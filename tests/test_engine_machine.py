@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kvcache.manager import CacheManager
-from oracle.campaign import run_machine
-from kvcache.errors import DoubleFree
-from oracle.engine import BadInput, NoRoom, Observation, Op, check, drained
-from oracle.engine_campaign import engine_machine, run_engine
-from oracle.cache_machine import prompt
-from oracle.engines import ENGINES, EngineUnavailable, adapter_class
-from oracle.engines.reference import ReferenceAdapter
-from oracle.mutants import by_name
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.oracle.campaign import run_machine
+from kvoracle.kvcache.errors import DoubleFree
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, check, drained
+from kvoracle.oracle.engine_campaign import engine_machine, run_engine
+from kvoracle.oracle.cache_machine import prompt
+from kvoracle.oracle.engines import ENGINES, EngineUnavailable, adapter_class
+from kvoracle.oracle.engines.reference import ReferenceAdapter
+from kvoracle.oracle.mutants import by_name
 
 
 def adapter_for(cache_class: type[CacheManager]) -> type[ReferenceAdapter]:
@@ -53,7 +53,7 @@ def test_reproduction_of_a_mutant_fails_standalone(tmp_path: Path) -> None:
     assert row.reproduction is not None and row.reproduction.exists()
     assert row.reproduces.startswith("AssertionError: INV-CONSERVE"), row.reproduces
     text = row.reproduction.read_text()
-    assert "oracle.mutants" in text and "check_invariants(cache)" in text
+    assert "kvoracle.oracle.mutants" in text and "check_invariants(cache)" in text
 
 
 def test_refused_admission_leaves_no_trace() -> None:
@@ -100,7 +100,7 @@ def test_unavailable_engine_says_how_to_get_it() -> None:
 
 def test_cli_engine_reference_writes_no_reproduction(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "oracle.cli", "check", "--engine", "reference", "--seeds", "1", "--examples", "20",
+        [sys.executable, "-m", "kvoracle.oracle.cli", "check", "--engine", "reference", "--seeds", "1", "--examples", "20",
          "--steps", "20", "--repro-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )
@@ -115,7 +115,7 @@ def test_documented_worked_example_is_what_the_command_prints(tmp_path: Path) ->
     shown = doc.split("$ kvoracle check --adapter docs/examples/toy_engine.py:ToyAdapter --seeds 1\n")[1]
     shown = shown.split("```")[0].replace("out/repro/", "")
     done = subprocess.run(
-        [sys.executable, "-m", "oracle.cli", "check", "--adapter", "docs/examples/toy_engine.py:ToyAdapter",
+        [sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter", "docs/examples/toy_engine.py:ToyAdapter",
          "--seeds", "1", "--repro-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
     )
@@ -128,15 +128,15 @@ def test_documented_worked_example_is_what_the_command_prints(tmp_path: Path) ->
 @pytest.mark.parametrize("args, message", [
     (["--engine", "vllm"], "make engines"),
     (["--adapter", "nonesuch.py:X"], "no file nonesuch.py"),
-    (["--adapter", "oracle.engine"], "MODULE:CLASS"),
-    (["--adapter", "oracle.engine:Nope"], "has no class Nope"),
-    (["--adapter", "oracle.engine:Op"], "lacks"),
+    (["--adapter", "kvoracle.oracle.engine"], "MODULE:CLASS"),
+    (["--adapter", "kvoracle.oracle.engine:Nope"], "has no class Nope"),
+    (["--adapter", "kvoracle.oracle.engine:Op"], "lacks"),
     (["--engine", "reference", "--bad-input", "double_unlock"], "cannot make the bad call double_unlock"),
 ])
 def test_engine_cli_errors_are_specific(args: list[str], message: str) -> None:
     if args[:2] == ["--engine", "vllm"] and importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", *args], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
 

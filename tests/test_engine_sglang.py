@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang is installed by `make engines` in .venv-sglang")
 
 from engine_findings import assert_reproduces, reproductions  # noqa: E402
-from oracle.engine import BadInput  # noqa: E402
-from oracle.engine_campaign import restricted, run_engine  # noqa: E402
-from oracle.engines.sglang import SglangAdapter  # noqa: E402
+from kvoracle.oracle.engine import BadInput  # noqa: E402
+from kvoracle.oracle.engine_campaign import restricted, run_engine  # noqa: E402
+from kvoracle.oracle.engines.sglang import SglangAdapter  # noqa: E402
 
 
 def test_valid_input_keeps_every_observable_invariant(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is installed by `make engines` in .venv-vllm")
 
-from oracle.engine import BadInput  # noqa: E402
-from oracle.engine_campaign import run_engine  # noqa: E402
-from oracle.engines.vllm import VllmAdapter, VllmSchedulerAdapter  # noqa: E402
+from kvoracle.oracle.engine import BadInput  # noqa: E402
+from kvoracle.oracle.engine_campaign import run_engine  # noqa: E402
+from kvoracle.oracle.engines.vllm import VllmAdapter, VllmSchedulerAdapter  # noqa: E402
 from engine_findings import assert_reproduces, reproductions  # noqa: E402
 
 

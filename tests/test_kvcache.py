@@ -6,9 +6,9 @@ from typing import Callable, TypeVar
 
 import pytest
 
-from kvcache.abstraction import abstract, check_invariants, observe
-from kvcache.allocator import BlockAllocator
-from kvcache.errors import (
+from kvoracle.kvcache.abstraction import abstract, check_invariants, observe
+from kvoracle.kvcache.allocator import BlockAllocator
+from kvoracle.kvcache.errors import (
     BlockOutOfRange,
     DoubleFree,
     DuplicateRequest,
@@ -21,14 +21,14 @@ from kvcache.errors import (
     UnknownRequest,
     UnknownTransfer,
 )
-from kvcache.lru import LeafHeap
-from kvcache.manager import CacheManager, MatchReport
-from kvcache.tree import GPU, Node, RadixTree
-from spec import actions
-from spec.actions import Drop, EvictCpu, SwapOutTo
-from spec.hashing import block_hashes
-from spec.state import CacheState
-from spec.types import (
+from kvoracle.kvcache.lru import LeafHeap
+from kvoracle.kvcache.manager import CacheManager, MatchReport
+from kvoracle.kvcache.tree import GPU, Node, RadixTree
+from kvoracle.spec import actions
+from kvoracle.spec.actions import Drop, EvictCpu, SwapOutTo
+from kvoracle.spec.hashing import block_hashes
+from kvoracle.spec.state import CacheState
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     Error,

@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from proofs.model_check import MUTATIONS, Model, Scope, canonical, explore, relabel
-from proofs.obligations import CI_SCOPE, MUTANT_SCOPE
-from spec.types import GpuBlock
+from kvoracle.proofs.model_check import MUTATIONS, Model, Scope, canonical, explore, relabel
+from kvoracle.proofs.obligations import CI_SCOPE, MUTANT_SCOPE
+from kvoracle.spec.types import GpuBlock
 
 
 def test_ci_scope_holds_exhaustively() -> None:

@@ -6,10 +6,10 @@ A run stops at the first seed that kills; the shrunk counterexample is printed
 
 import pytest
 
-from oracle.campaign import readable, run_machine
-from oracle.mutant_docs import SEEDS, kill
-from oracle.mutants import MUTANTS, Mutant
-from oracle.targets import Target
+from kvoracle.oracle.campaign import readable, run_machine
+from kvoracle.oracle.mutant_docs import SEEDS, kill
+from kvoracle.oracle.mutants import MUTANTS, Mutant
+from kvoracle.oracle.targets import Target
 
 # The issues' bounds for the seed bugs (a: the heap drop; b: the write that raises on
 # finish); the rest get a generous one. The preempt variant of b is often caught through

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from oracle.engine import Observation, check, check_tier, with_observed
-from oracle.engines import protocol_of
-from oracle.engines.reference import ReferenceAdapter
-from oracle.engines.reference_cache import ReferenceCache
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from spec.invariants import Violation
+from kvoracle.oracle.engine import Observation, check, check_tier, with_observed
+from kvoracle.oracle.engines import protocol_of
+from kvoracle.oracle.engines.reference import ReferenceAdapter
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.spec.invariants import Violation
 
 # Six blocks: 0, 1 free; 2, 3 cached (3 idle); 4 in r0's table; 5 held by a transfer.
 SOUND = Observation(ids=range(6), free=(0, 1), evictable=(3,), tables={"r0": (2, 4)}, cached=frozenset({2, 3}),
@@ -78,8 +78,8 @@ def test_a_class_of_no_protocol_is_told_what_it_lacks() -> None:
 
 # A subclass of a reference adapter over a mutant: your engine, with a bug.
 MUTANT_ADAPTER = """
-from oracle.engines.{module} import {base}
-from oracle.mutants import {mutant}
+from kvoracle.oracle.engines.{module} import {base}
+from kvoracle.oracle.mutants import {mutant}
 
 
 class Mine({base}):
@@ -96,14 +96,14 @@ def test_cli_runs_the_machine_of_the_adapters_protocol(tmp_path: Path, module: s
                                                        mutant: str, level: str, first: str) -> None:
     source = MUTANT_ADAPTER.format(module=module, base=base, attr=attr, mutant=mutant)
     (tmp_path / "mine.py").write_text(source, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter", f"{tmp_path}/mine.py:Mine",
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter", f"{tmp_path}/mine.py:Mine",
                            "--seeds", "1", "--examples", "100"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
     assert re.search(rf"^mine\s+{level}\s.*\sFAIL\s+{first}\s", done.stdout, re.M), done.stdout
 
 
 def test_cli_refuses_engine_only_options_for_a_deeper_adapter() -> None:
-    done = subprocess.run([sys.executable, "-m", "oracle.cli", "check", "--adapter",
-                           "oracle.engines.reference_cache:ReferenceCache", "--repro-dir", "x"],
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           "kvoracle.oracle.engines.reference_cache:ReferenceCache", "--repro-dir", "x"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--repro-dir: not with a cache adapter" in done.stderr, done.stderr

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from kvcache.errors import BlockOutOfRange
-from kvcache.pool import (
+from kvoracle.kvcache.errors import BlockOutOfRange
+from kvoracle.kvcache.pool import (
     BackendUnavailable,
     BadFingerprint,
     BatchMismatch,
@@ -73,8 +73,8 @@ def all_rows(pool: BlockPool) -> Bytes2D:
 
 
 def python_fingerprint(content: bytes) -> int:
-    """The definition in kvcache/pool.py, in plain Python integers, as an independent check."""
-    from kvcache.pool import _K, _scheme
+    """The definition in kvcache/pool/fingerprint.py, in plain Python integers, as an independent check."""
+    from kvoracle.kvcache.pool.fingerprint import _K, _scheme
 
     sc = _scheme(len(content))
     s = np.frombuffer(content, dtype=np.int8).tolist()

@@ -4,16 +4,16 @@ from dataclasses import replace
 
 import pytest
 
-from kvcache.abstraction import abstract, check_invariants
-from kvcache.errors import NotRunning, RequestGone, RequestTooLarge, UnknownRequest
-from kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults
-from kvcache.manager import CacheManager
-from kvcache.storage import MemoryStorage
-from scheduler.request import WritePolicy
-from scheduler.resource_manager import ResourceManager
-from spec import actions
-from spec.scheduler import SchedulerState, Status, exit_request, inv_request
-from spec.types import Error, RequestId, TransferId
+from kvoracle.kvcache.abstraction import abstract, check_invariants
+from kvoracle.kvcache.errors import NotRunning, RequestGone, RequestTooLarge, UnknownRequest
+from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.storage import MemoryStorage
+from kvoracle.scheduler.request import WritePolicy
+from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec import actions
+from kvoracle.spec.scheduler import SchedulerState, Status, exit_request, inv_request
+from kvoracle.spec.types import Error, RequestId, TransferId
 
 R = RequestId(0)
 

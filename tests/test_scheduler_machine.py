@@ -5,8 +5,8 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from oracle.engines.reference_scheduler import ReferenceScheduler
-from oracle.scheduler_machine import SchedulerMachine
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.scheduler_machine import SchedulerMachine
 
 
 @pytest.mark.parametrize("backend", ["numpy", "paddle"])

@@ -11,10 +11,10 @@ from typing import Callable
 
 import pytest
 
-from spec import actions
-from spec.actions import Drop, EvictCpu, PreconditionError, SwapOutTo
-from spec.hashing import block_hash, block_hashes
-from spec.invariants import (
+from kvoracle.spec import actions
+from kvoracle.spec.actions import Drop, EvictCpu, PreconditionError, SwapOutTo
+from kvoracle.spec.hashing import block_hash, block_hashes
+from kvoracle.spec.invariants import (
     Violation,
     check,
     inv_conserve,
@@ -27,7 +27,7 @@ from spec.invariants import (
     inv_tier,
     inv_tree,
 )
-from spec.state import (
+from kvoracle.spec.state import (
     CacheState,
     Holding,
     Observed,
@@ -38,7 +38,7 @@ from spec.state import (
     initial,
     true_counters,
 )
-from spec.types import (
+from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
     Error,
@@ -119,7 +119,7 @@ def test_same_block_after_different_prefixes_gets_different_hashes() -> None:
 
 
 def test_hashes_are_the_same_in_another_process() -> None:
-    code = "from spec.hashing import block_hashes; print(list(block_hashes([1, 2, 3, 4], 2, [5])))"
+    code = "from kvoracle.spec.hashing import block_hashes; print(list(block_hashes([1, 2, 3, 4], 2, [5])))"
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pytest
 
-from kvcache.faults import (
+from kvoracle.kvcache.faults import (
     Answer,
     Fault,
     FaultKind,
@@ -18,8 +18,8 @@ from kvcache.faults import (
     ScriptedFaults,
     SeededFaults,
 )
-from kvcache.storage import DirectoryStorage, MemoryStorage, StorageBackend, StorageError
-from spec.types import BlockHash, Error, Ok, Partial
+from kvoracle.kvcache.storage import DirectoryStorage, MemoryStorage, StorageBackend, StorageError
+from kvoracle.spec.types import BlockHash, Error, Ok, Partial
 
 H = [BlockHash(0x1234_5678_9ABC_DEF0 + i) for i in range(4)]
 DATA = [bytes([i]) * (16 + i) for i in range(4)]

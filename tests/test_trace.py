@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from oracle.cli import main
-from oracle.trace import TraceFormatError, check_trace, read_lines, record
-from spec.hashing import block_hashes
+from kvoracle.oracle.cli import main
+from kvoracle.oracle.trace import TraceFormatError, check_trace, read_lines, record
+from kvoracle.spec.hashing import block_hashes
 
 H1, H2 = block_hashes([1, 1, 2, 2], 2)
 HEAD = json.dumps({"format": "kvoracle-trace", "version": 1, "gpu_blocks": 4, "cpu_blocks": 2})

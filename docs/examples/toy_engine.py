@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 
 
 class ToyEngine:

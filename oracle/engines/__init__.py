@@ -9,9 +9,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle.engine import EngineAdapter
-from oracle.serving import SchedulerAdapter
-from oracle.tiered import TieredAdapter
+from kvoracle.oracle.engine import EngineAdapter
+from kvoracle.oracle.serving import SchedulerAdapter
+from kvoracle.oracle.tiered import TieredAdapter
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,11 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        Engine("reference", "oracle.engines.reference", "ReferenceAdapter", "kvcache", "", "this tree"),
-        Engine("vllm", "oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
-        Engine("vllm-scheduler", "oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
-        Engine("sglang", "oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
-        Engine("fastdeploy", "oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
+        Engine("reference", "kvoracle.oracle.engines.reference", "ReferenceAdapter", "kvcache", "", "this tree"),
+        Engine("vllm", "kvoracle.oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
+        Engine("vllm-scheduler", "kvoracle.oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
+        Engine("sglang", "kvoracle.oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
+        Engine("fastdeploy", "kvoracle.oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
     )
 }
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 
 BLOCK = 4
 NUM_BLOCKS = 6  # GPU blocks 0..5; FastDeploy has no reserved null block

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvcache.manager import CacheManager
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, blocks_for
-from oracle.engines.reference_cache import gpu_observation
-from spec.hashing import block_hashes
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, blocks_for
+from kvoracle.oracle.engines.reference_cache import gpu_observation
+from kvoracle.spec.hashing import block_hashes
 
 GPU_BLOCKS = 6
 
@@ -31,8 +31,8 @@ class ReferenceAdapter(Scripted):
     def __init__(self) -> None:
         self.preamble = (
             f"import {self.cache_class.__module__}\n"
-            "from spec.hashing import block_hashes\n"
-            "from spec.types import GpuBlock, RequestId\n"
+            "from kvoracle.spec.hashing import block_hashes\n"
+            "from kvoracle.spec.types import GpuBlock, RequestId\n"
             f"cache = {self.cache_class.__module__}.{self.cache_class.__qualname__}({GPU_BLOCKS}, 0)\n"
         )
         super().__init__()
@@ -100,7 +100,7 @@ class ReferenceAdapter(Scripted):
         return gpu_observation(self.cache)
 
     assertions = (
-        "from kvcache.abstraction import check_invariants\n"
+        "from kvoracle.kvcache.abstraction import check_invariants\n"
         "found = check_invariants(cache)\n"
         "assert not found, str(found[0])\n"
     )

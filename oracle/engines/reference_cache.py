@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kvcache.abstraction import abstract, check_invariants, observe
-from kvcache.errors import (
+from kvoracle.kvcache.abstraction import abstract, check_invariants, observe
+from kvoracle.kvcache.errors import (
     BlockOutOfRange,
     DoubleFree,
     DuplicateRequest,
@@ -17,14 +17,14 @@ from kvcache.errors import (
     UnknownRequest,
     UnknownTransfer,
 )
-from kvcache.manager import CacheManager
-from kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
-from oracle.engine import BadInput, Observation
-from oracle.tiered import Blocks, Matched, Pending
-from spec.actions import EvictStep
-from spec.invariants import Violation
-from spec.state import CacheState
-from spec.types import BlockHash, CpuBlock, GpuBlock, OnCpu, OnGpu, Ok, Outcome, Partial, RequestId, TransferId
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
+from kvoracle.oracle.engine import BadInput, Observation
+from kvoracle.oracle.tiered import Blocks, Matched, Pending
+from kvoracle.spec.actions import EvictStep
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.state import CacheState
+from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, OnCpu, OnGpu, Ok, Outcome, Partial, RequestId, TransferId
 
 
 def _transfer_blocks(cache: CacheManager) -> tuple[set[GpuBlock], set[CpuBlock]]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from kvcache.abstraction import abstract, check_invariants
-from kvcache.errors import (
+from kvoracle.kvcache.abstraction import abstract, check_invariants
+from kvoracle.kvcache.errors import (
     DuplicateRequest,
     EmptyRequest,
     NotRunning,
@@ -15,18 +15,18 @@ from kvcache.errors import (
     RequestTooLarge,
     UnknownRequest,
 )
-from kvcache.faults import Fault, FaultyCopier, FaultyStorage, ScriptedFaults
-from kvcache.manager import CacheManager
-from kvcache.pool import default_backend, make_pool
-from kvcache.storage import MemoryStorage
-from oracle.engine import BadInput, Observation
-from oracle.engines.reference_cache import cpu_observation, gpu_observation
-from scheduler.content import KVPools, inv_content
-from scheduler.request import WritePolicy
-from scheduler.resource_manager import ResourceManager
-from spec.invariants import Violation
-from spec.scheduler import SchedulerState, Status
-from spec.types import RequestId
+from kvoracle.kvcache.faults import Fault, FaultyCopier, FaultyStorage, ScriptedFaults
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.pool import default_backend, make_pool
+from kvoracle.kvcache.storage import MemoryStorage
+from kvoracle.oracle.engine import BadInput, Observation
+from kvoracle.oracle.engines.reference_cache import cpu_observation, gpu_observation
+from kvoracle.scheduler.content import KVPools, inv_content
+from kvoracle.scheduler.request import WritePolicy
+from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.scheduler import SchedulerState, Status
+from kvoracle.spec.types import RequestId
 
 
 class ReferenceScheduler:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 
 PAGE = 4
 PAGES = 6

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable

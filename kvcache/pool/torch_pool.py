@@ -1,0 +1,207 @@
+"""The torch pool: CUDA devices, or (pinned) host memory.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # paddle ships types; importing it costs a second, so only the checker does
+    pass
+from kvoracle.kvcache.pool.base import _PoolBase
+from kvoracle.kvcache.pool.errors import DeviceUnavailable
+from kvoracle.kvcache.pool.fingerprint import _K, _M32, _scheme
+from kvoracle.kvcache.pool.protocol import U64, Bytes2D, Halves, Ids, Mask, PoolDType
+from kvoracle.kvcache.pool.validation import _cuda_index, _load
+
+
+class _Tensor(Protocol):
+    """The part of torch.Tensor this module uses (torch itself is optional)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    def __getitem__(self, key: slice | int | tuple[slice | int, ...]) -> _Tensor: ...
+    def __setitem__(self, key: slice, value: _Tensor) -> None: ...
+    def __and__(self, other: _Tensor | int) -> _Tensor: ...
+    def __or__(self, other: _Tensor) -> _Tensor: ...
+    def __rshift__(self, other: int) -> _Tensor: ...
+    def __mul__(self, other: _Tensor) -> _Tensor: ...
+    def __add__(self, other: _Tensor) -> _Tensor: ...
+    def reshape(self, *shape: int) -> _Tensor: ...
+    def view(self, dtype: object) -> _Tensor: ...
+    def index_select(self, dim: int, index: _Tensor) -> _Tensor: ...
+    def index_copy_(self, dim: int, index: _Tensor, source: _Tensor) -> _Tensor: ...
+    def sum(self, dim: int) -> _Tensor: ...
+    def to(self, target: object) -> _Tensor: ...
+    def cpu(self) -> _Tensor: ...
+    def numpy(self) -> npt.NDArray[np.generic]: ...
+    def data_ptr(self) -> int: ...
+    def flatten(self) -> _Tensor: ...
+    def t(self) -> _Tensor: ...
+
+
+class _CudaArrayView:
+    """Host memory described by __cuda_array_interface__, so a CUDA library can wrap it.
+
+    Pinned memory lives in the device's unified address space (UVA): a kernel can
+    read and write it at its host address, which is what a swap between a GPU pool
+    and a pinned CPU pool uses to gather and scatter on the GPU in one pass.
+    """
+
+    def __init__(self, owner: object, ptr: int, shape: tuple[int, ...], typestr: str) -> None:
+        self.owner = owner  # keeps the host memory alive as long as the view
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
+        }
+
+
+def _torch_w8(torch: ModuleType, device: str, w8: npt.NDArray[np.int8]) -> _Tensor:
+    """The int8 weights column-major: both GEMM operands then have K contiguous ("TN"),
+    the layout int8 tensor-core kernels are built for."""
+    t: _Tensor = torch.from_numpy(np.asfortranarray(w8).T).to(device)
+    return t.t()
+
+
+_INT_MM_EXACT: dict[tuple[str, int], bool] = {}
+
+
+def _torch_int_mm_exact(torch: ModuleType, device: str, w8: _Tensor, row: int) -> bool:
+    """Whether torch._int_mm runs here with these weights and returns the exact integers."""
+    if (device, row) not in _INT_MM_EXACT:
+        x = np.random.default_rng(row).integers(-128, 128, size=(32, row), dtype=np.int8)
+        want = x.astype(np.int64) @ _scheme(row).w8.astype(np.int64)  # a `row`-byte block has L == row
+        try:
+            got = torch._int_mm(torch.from_numpy(x).to(device), w8).cpu().numpy()
+            _INT_MM_EXACT[device, row] = bool(np.array_equal(got, want))
+        except (RuntimeError, AttributeError, TypeError, NotImplementedError):
+            _INT_MM_EXACT[device, row] = False
+    return _INT_MM_EXACT[device, row]
+
+
+class TorchPool(_PoolBase):
+    """torch tensors on a CUDA device, or in (pinned, where CUDA is present) host memory.
+
+    Rows move as int64 words. Fingerprints use torch._int_mm (int8 GEMM, int32
+    accumulation): the pool is read once, by tensor cores on a GPU.
+    """
+
+    def _chunk_bytes(self) -> int:
+        return 64 << 20 if self.device == "cpu" else 1 << 30  # a GPU reads a GiB in a fraction of a ms
+
+    def __init__(
+        self, device: str, num_blocks: int, block_size: int, heads: int, head_dim: int,
+        dtype: PoolDType = "float16", *, pinned: bool = True,
+    ) -> None:
+        torch = _load("torch", "torch")
+        super().__init__("torch", device, num_blocks, block_size, heads, head_dim, dtype)
+        cuda = bool(torch.cuda.is_available())
+        if device != "cpu" and not (cuda and _cuda_index(device) < torch.cuda.device_count()):
+            raise DeviceUnavailable("torch", f"no CUDA device {device} (torch.cuda.is_available() is {cuda})")
+        self._torch = torch
+        self.pinned = pinned and device == "cpu" and cuda
+        self.data: _Tensor = torch.zeros(
+            self.shape, dtype=getattr(torch, dtype), device=device, pin_memory=self.pinned
+        )
+        raw = self.data.view(torch.uint8).reshape(num_blocks, self.block_bytes)
+        self._words: _Tensor = raw.view(torch.int64 if self._word == 8 else torch.int32)
+        self._bytes8: _Tensor = raw.view(torch.int8)
+        sc = self._scheme
+        self._w8 = _torch_w8(torch, device, sc.w8)
+        self._w32: _Tensor = torch.from_numpy(sc.w32).to(device)
+        self._u: _Tensor = torch.from_numpy(sc.u.reshape(1, -1, 2)).to(device)
+        self._int_mm = _torch_int_mm_exact(torch, device, self._w8, sc.row)
+        self.fingerprint_path = "int8 GEMM (torch._int_mm)" if self._int_mm else "float32 GEMMs"
+        self._aliases: dict[str, _Tensor | None] = {}
+
+    def _index(self, ids: Ids, device: str | None = None) -> _Tensor:
+        t: _Tensor = self._torch.as_tensor(ids, device=device or self.device)
+        return t
+
+    def _sync(self, device: str) -> None:
+        if device != "cpu":
+            self._torch.cuda.synchronize(device)
+
+    def _copy_rows(self, s: Ids, d: Ids) -> None:
+        self._words.index_copy_(0, self._index(d), self._words.index_select(0, self._index(s)))
+
+    def _gather_host(self, s: Ids) -> Bytes2D:
+        rows = self._words.index_select(0, self._index(s)).cpu().numpy()
+        return rows.view(np.uint8)
+
+    def _scatter_host(self, d: Ids, rows: Bytes2D) -> None:
+        words = self._torch.from_numpy(rows.view(self._np_word)).to(self.device)
+        self._words.index_copy_(0, self._index(d), words)
+
+    def _halves(self, x8: _Tensor) -> _Tensor:
+        """(A, B) mod 2**32 per row of x8 [n, N], left on the device."""
+        torch, sc, n = self._torch, self._scheme, x8.shape[0]
+        m = x8.reshape(n * sc.rows, sc.row)
+        if self._int_mm and n * sc.rows > 16:  # _int_mm wants more than 16 rows
+            p: _Tensor = torch._int_mm(m, self._w8).to(torch.int64)
+        else:  # exact float32 sub-row GEMMs, as numpy does them
+            mm = m.reshape(n * sc.rows, sc.subs, sc.sub)
+            p = torch.zeros((n * sc.rows, _K), dtype=torch.int64, device=self.device)
+            for q in range(sc.subs):
+                p = p + torch.matmul(mm[:, q, :].to(torch.float32), self._w32[q]).to(torch.int64)
+        return (p.reshape(n, sc.rows * _K, 1) * self._u).sum(1) & _M32
+
+    def _host_halves(self, x8: _Tensor) -> Halves:
+        h: Halves = self._halves(x8).cpu().numpy().astype(np.int64)
+        return h
+
+    def _halves_of(self, s: Ids) -> Halves:
+        return self._host_halves(self._words.index_select(0, self._index(s)).view(self._torch.int8))
+
+    def _halves_range(self, start: int, stop: int) -> Halves:
+        return self._host_halves(self._bytes8[start:stop])
+
+    def _mismatches(self, fp: U64, present: Mask) -> Ids:
+        """Compared on the device; only the ids that differ come back (one sync)."""
+        torch = self._torch
+        fpd = torch.from_numpy(fp.view(np.int64).copy()).to(self.device)
+        pres = torch.from_numpy(present.copy()).to(self.device)
+        hi, lo = (fpd >> 32) & _M32, fpd & _M32
+        bad: _Tensor = torch.zeros(self.num_blocks, dtype=torch.bool, device=self.device)
+        for a in range(0, self.num_blocks, self._chunk):
+            b = min(self.num_blocks, a + self._chunk)
+            if present[a:b].any():
+                h = self._halves(self._bytes8[a:b])
+                differ = torch.ne(h[:, 0], hi[a:b]) | torch.ne(h[:, 1], lo[a:b])
+                bad[a:b] = differ & pres[a:b]
+        ids: Ids = torch.nonzero(bad).flatten().cpu().numpy().astype(np.int64)
+        return ids
+
+    def cuda_alias(self, device: str) -> _Tensor | None:
+        """This pinned CPU pool's words as a tensor on `device` (no copy), or None."""
+        if not self.pinned:
+            return None
+        if device not in self._aliases:
+            self._aliases[device] = self._make_alias(device)
+        return self._aliases[device]
+
+    def _make_alias(self, device: str) -> _Tensor | None:
+        typestr = "<i8" if self._word == 8 else "<i4"
+        view = _CudaArrayView(self._words, self._words.data_ptr(), tuple(self._words.shape), typestr)
+        try:
+            alias: _Tensor = self._torch.as_tensor(view, device=device)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        return alias if alias.data_ptr() == self._words.data_ptr() else None  # a copy is no alias
+
+    def _direct_to(self, other: _PoolBase, s: Ids, d: Ids) -> bool:
+        if not isinstance(other, TorchPool):
+            return False
+        if self.device == other.device:
+            src, dst, where = self._words, other._words, self.device
+        elif other.device == "cpu" and (alias := other.cuda_alias(self.device)) is not None:
+            src, dst, where = self._words, alias, self.device  # swap out: GPU writes host memory
+        elif self.device == "cpu" and (alias := self.cuda_alias(other.device)) is not None:
+            src, dst, where = alias, other._words, other.device  # swap in: GPU reads host memory
+        else:
+            return False
+        dst.index_copy_(0, self._index(d, where), src.index_select(0, self._index(s, where)))
+        self._sync(where)  # host memory may be reused the moment we return
+        return True

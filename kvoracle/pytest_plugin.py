@@ -1,0 +1,56 @@
+"""The pytest plugin: `pytest --kvoracle-adapter MODULE:CLASS` adds one test per adapter
+that runs its Protocol's machine (see kvoracle.testing), next to the suite's own tests.
+
+pytest loads it from kvoracle's entry point wherever kvoracle is installed; it adds
+options only, and no test unless --kvoracle-adapter is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvoracle", "kvoracle: check a KV-cache adapter with kvoracle's machines")
+    group.addoption("--kvoracle-adapter", action="append", default=[], metavar="MODULE:CLASS",
+                    help="run the machine of this adapter's Protocol (MODULE:CLASS or FILE.py:CLASS; repeatable)")
+    group.addoption("--kvoracle-examples", type=int, default=100, metavar="N",
+                    help="programs per adapter (default 100)")
+    group.addoption("--kvoracle-steps", type=int, default=50, metavar="N", help="max steps per program (default 50)")
+    group.addoption("--kvoracle-seed", type=int, default=0, metavar="N", help="seed of the programs (default 0)")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    specs: list[str] = config.getoption("kvoracle_adapter")
+    for spec in specs:
+        items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec}]", spec=spec))
+
+
+class AdapterItem(pytest.Item):
+    def __init__(self, *, spec: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def runtest(self) -> None:
+        from hypothesis import HealthCheck, settings
+        from hypothesis import seed as seeded
+        from hypothesis.stateful import get_state_machine_test
+
+        from kvoracle.oracle.engines import load_adapter
+        from kvoracle.testing import machine_for
+
+        machine = machine_for(load_adapter(self.spec))
+        opt = self.config.getoption
+        config = settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
+                          deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return Path(self.spec.rpartition(":")[0]), None, f"kvoracle machine on {self.spec}"
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        return str(excinfo.value) + "".join(f"\n{n}" for n in getattr(excinfo.value, "__notes__", []))
+
