@@ -20,7 +20,7 @@ from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.storage import MemoryStorage
 from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
-from kvoracle.spec.scheduler import Status
+from kvoracle.spec.state import Status
 from kvoracle.spec.types import RequestId
 
 

@@ -1,8 +1,9 @@
 """The abstraction function from the reference cache to spec/, and its invariant check.
 
-`abstract` is total: it maps broken states too, so that spec/'s invariants can name
-what is broken. `audit` checks what only the implementation has (links, heap
-entries, kept counters, the allocators' bitmaps); `check_invariants` runs both.
+`abstract` is total: it maps broken states too, so that spec/'s predicates can name
+what is broken. `view` adds the counters the reference keeps. `audit` checks what
+only the implementation has (parent/child links, per-node GPU child counts, the
+allocators' bitmaps), which no abstraction can carry; `check_invariants` runs both.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from kvoracle.spec import invariants
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import (
     CacheState,
-    Counters,
+    Heap,
     Holding,
     Node as SpecNode,
-    Observed,
     Prefetch,
     StorageWrite,
     SwapIn,
@@ -25,6 +25,7 @@ from kvoracle.spec.state import (
     Transfer,
 )
 from kvoracle.spec.types import OnCpu, TransferId
+from kvoracle.spec.view import View, of_cache, true_counters
 
 
 def _spec_node(n: Node) -> SpecNode:
@@ -42,13 +43,20 @@ def _spec_transfer(job: SwapOutJob | SwapInJob | WriteJob | PrefetchJob) -> Tran
     return Prefetch(job.request, tuple(job.items))
 
 
+def _heap(cache: CacheManager, tier: int, nodes: list[Node]) -> Heap:
+    heap = cache.gpu_heap if tier == GPU else cache.cpu_heap
+    return Heap(frozenset(n.hash for n in heap.entries() if n.alive),
+                frozenset(n.hash for n in nodes if n.in_heap[tier]))
+
+
 def abstract(cache: CacheManager) -> CacheState:
+    nodes = cache.tree.walk()
     return CacheState(
         gpu_size=cache.gpu.size,
         cpu_size=cache.cpu.size,
         gpu_free=tuple(sorted(cache.gpu.free_blocks())),
         cpu_free=tuple(sorted(cache.cpu.free_blocks())),
-        nodes={n.hash: _spec_node(n) for n in cache.tree.walk()},
+        nodes={n.hash: _spec_node(n) for n in nodes},
         requests={
             r: Holding(tuple(n.hash for n in held.path), tuple(held.private)) for r, held in cache.requests.items()
         },
@@ -57,21 +65,22 @@ def abstract(cache: CacheManager) -> CacheState:
         gpu_pins=dict(cache.gpu_pins),
         cpu_pins=dict(cache.cpu_pins),
         next_transfer=cache.next_transfer,
+        gpu_heap=_heap(cache, GPU, nodes),
+        cpu_heap=_heap(cache, CPU, nodes),
     )
 
 
-def observe(cache: CacheManager) -> Observed:
-    return Observed(
-        gpu_findable=frozenset(n.hash for n in cache.gpu_heap.entries() if n.alive),
-        cpu_findable=frozenset(n.hash for n in cache.cpu_heap.entries() if n.alive),
-        counters=Counters(
-            gpu_free=cache.gpu.num_free,
-            cpu_free=cache.cpu.num_free,
-            gpu_evictable=cache.gpu_evictable,
-            cpu_evictable=cache.cpu_evictable,
-            gpu_in_use=cache.gpu_in_use,
-        ),
-    )
+def view(cache: CacheManager, s: CacheState | None = None) -> View:
+    """The complete view of the reference: its abstraction, and the counters it keeps
+    next to what the abstraction recounts."""
+    s = abstract(cache) if s is None else s
+    true = true_counters(s)
+    gpu = {"gpu_free": (cache.gpu.num_free, true["gpu_free"]),
+           "gpu_evictable": (cache.gpu_evictable, true["gpu_evictable"]),
+           "gpu_in_use": (cache.gpu_in_use, true["gpu_in_use"])}
+    cpu = {"cpu_free": (cache.cpu.num_free, true["cpu_free"]),
+           "cpu_evictable": (cache.cpu_evictable, true["cpu_evictable"])}
+    return of_cache(s, gpu, cpu)
 
 
 def _referenced(cache: CacheManager) -> list[Node]:
@@ -85,10 +94,9 @@ def _referenced(cache: CacheManager) -> list[Node]:
 
 
 def audit(cache: CacheManager) -> list[Violation]:
-    """Checks of implementation-only structure, each under the invariant it serves."""
+    """Checks of implementation-only structure, each under the property it serves."""
     out: list[Violation] = []
-    reachable = cache.tree.walk()
-    for n in reachable:
+    for n in cache.tree.walk():
         assert n.parent is not None
         if not n.alive or n.parent.children.get(n.hash) is not n:
             out.append(Violation("INV-TREE", f"node {n.hash:#x} is linked wrongly"))
@@ -98,29 +106,15 @@ def audit(cache: CacheManager) -> list[Violation]:
     for n in _referenced(cache):
         if n.alive and (n.parent is None or n.parent.children.get(n.hash) is not n):
             out.append(Violation("INV-TREE", f"node {n.hash:#x} is referenced but detached from the tree"))
-    for tier, heap in ((GPU, cache.gpu_heap), (CPU, cache.cpu_heap)):
-        live = [n for n in heap.entries() if n.alive]
-        if len({id(n) for n in live}) != len(live):
-            out.append(Violation("INV-HEAP-SOUND", f"{'GPU' if tier == GPU else 'CPU'} heap holds a node twice"))
-        held = {id(n) for n in live}
-        for n in reachable:
-            if n.in_heap[tier] != (id(n) in held):
-                out.append(
-                    Violation("INV-HEAP-SOUND", f"node {n.hash:#x} in_heap flag {n.in_heap[tier]} disagrees with the heap")
-                )
     for name, alloc in (("GPU", cache.gpu), ("CPU", cache.cpu)):
-        listed = alloc.free_blocks()
-        if len(set(listed)) != len(listed):
-            out.append(Violation("INV-CONSERVE", f"{name} free list holds duplicates"))
-        if any(not alloc.is_free(b) for b in listed):
+        if any(not alloc.is_free(b) for b in alloc.free_blocks()):
             out.append(Violation("INV-CONSERVE", f"{name} free list holds a block its bitmap says is in use"))
     return out
 
 
 def check_invariants(cache: CacheManager) -> list[Violation]:
-    """Every invariant of the cache layer; each violation carries its ID."""
+    """Every safety property of the cache layer; each violation carries its ID."""
     found = audit(cache)
     if not any(v.id == "INV-TREE" for v in found):  # a detached tree's abstraction only repeats it
-        found += invariants.check(abstract(cache), observe(cache))
+        found += invariants.check(view(cache))
     return invariants.by_severity(found)
-

@@ -32,15 +32,17 @@ class LeafHeap:
         self._seq += 1
         heapq.heappush(self._entries, (node.last_access, self._seq, node))
 
-    def pop_evictable(self, evictable: Callable[[Node], bool]) -> Node | None:
-        """The least recently used evictable node, or None. Entries of nodes that
-        are no longer evictable are dropped and the node stays findable."""
+    def pop_evictable(self, evictable: Callable[[Node], bool], stale: list[Node]) -> Node | None:
+        """The least recently used evictable node, or None. Entries of nodes that are no
+        longer evictable are dropped (each such node is appended to `stale`) and the
+        node stays findable."""
         while self._entries:
             stamp, _, node = heapq.heappop(self._entries)
             if not node.alive:
                 continue
             if not evictable(node):
                 self._drop_stale(node)
+                stale.append(node)
                 continue
             if node.last_access != stamp:  # used since it was pushed: requeue at its true age
                 self._push(node)

@@ -7,7 +7,7 @@ that refinement can replay the action on the abstract state.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,7 +25,7 @@ from kvoracle.kvcache.errors import (
 from kvoracle.kvcache.lru import LeafHeap
 from kvoracle.kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob, WriteJob
 from kvoracle.kvcache.tree import CPU, GPU, Node, RadixTree
-from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SwapOutTo
+from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SkipStale, SwapOutTo
 from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
@@ -37,6 +37,7 @@ from kvoracle.spec.types import (
     RequestId,
     SwappingIn,
     SwappingOut,
+    Tier,
     Timeout,
     TransferId,
     succeeded,
@@ -350,8 +351,8 @@ class CacheManager:
         swapped out when the CPU tier has room (after evicting CPU leaves), else dropped."""
         steps: list[EvictStep] = []
         swaps: list[tuple[Node, GpuBlock, CpuBlock]] = []
-        while len(steps) - sum(isinstance(s, EvictCpu) for s in steps) < need:
-            node = self.gpu_heap.pop_evictable(self.is_gpu_evictable)
+        while sum(isinstance(s, SwapOutTo | Drop) for s in steps) < need:
+            node = self._pop(self.gpu_heap, self.is_gpu_evictable, Tier.GPU, steps)
             if node is None:
                 break
             c = self._cpu_room(steps)
@@ -370,7 +371,7 @@ class CacheManager:
     def evict_cpu(self, need: int) -> EvictReport:
         """Evict up to `need` CPU leaves, least recently used first."""
         steps: list[EvictStep] = []
-        while len(steps) < need and self._evict_one_cpu(steps):
+        while sum(isinstance(s, EvictCpu) for s in steps) < need and self._evict_one_cpu(steps):
             pass
         return EvictReport(tuple(steps), None)
 
@@ -379,8 +380,16 @@ class CacheManager:
             return None
         return self.cpu.allocate(1)[0]
 
+    def _pop(self, heap: LeafHeap, evictable: Callable[[Node], bool], tier: Tier,
+             steps: list[EvictStep]) -> Node | None:
+        """The next node eviction takes from `heap`; stale entries it pops become steps."""
+        stale: list[Node] = []
+        node = heap.pop_evictable(evictable, stale)
+        steps.extend(SkipStale(n.hash, tier) for n in stale)
+        return node
+
     def _evict_one_cpu(self, steps: list[EvictStep]) -> bool:
-        node = self.cpu_heap.pop_evictable(self.is_cpu_evictable)
+        node = self._pop(self.cpu_heap, self.is_cpu_evictable, Tier.CPU, steps)
         if node is None:
             return False
         assert isinstance(node.tier, OnCpu)

@@ -20,7 +20,7 @@ active Hypothesis settings profile, or from `settings` given here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine
@@ -46,7 +46,7 @@ def _named(adapter: Callable[[], object]) -> str:
 def _machine(base: type[M], adapter: Callable[[], object], attrs: dict[str, object],
              settings: Settings | None) -> type[M]:
     attrs["make_adapter"] = staticmethod(adapter)
-    machine = type(f"{base.__name__}_{_named(adapter)}", (base,), attrs)
+    machine = cast(type[M], type(f"{base.__name__}_{_named(adapter)}", (base,), attrs))
     if settings is not None:
         machine.TestCase.settings = settings
     return machine

@@ -1,12 +1,15 @@
 """The cache-level stateful machine: every operation of a tiered cache, every transfer
-outcome in any order, and bad input, through the tiered-cache adapter Protocol
-(oracle.tiered), with refinement against spec/.
+outcome in any order, prefill in chunks of the machine's choosing, and bad input,
+through the tiered-cache adapter Protocol (oracle.tiered).
 
-After each step it checks every invariant the adapter's observations allow, the
-engine's own structural checks, and that abstraction(after) equals the spec action
-applied to abstraction(before) with the choices the engine reported. Teardown checks
-LIVE-DRAIN. It drives the reference (ReferenceCache); subclass and set `make_adapter`
-to check a mutant or another engine.
+The machine keeps its own record of the specification's state: after each engine call
+it applies the spec action the call names, with the choices the engine reported
+(spec.actions). After each call it evaluates spec's properties on what it can see:
+the engine's abstraction (when the adapter gives one), the engine's observations,
+and the engine's own structural checks; then refinement: the abstraction must equal
+the record. A step whose choices the specification does not allow is REFINEMENT too.
+Teardown checks LIVE-DRAIN. An exception from a valid call is a finding (VALID-INPUT,
+or the exit or eviction property it cut short), never a crash of the campaign.
 """
 
 from __future__ import annotations
@@ -19,15 +22,28 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, check, check_tier, not_free, with_observed
+from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
-from kvoracle.spec import actions
+from kvoracle.spec import invariants, liveness
+from kvoracle.spec.actions import (
+    Allocate,
+    CacheEvent,
+    Commit,
+    Complete,
+    Evict,
+    Match,
+    PreconditionError,
+    Release,
+    Reset,
+    apply_cache,
+)
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.state import CacheState, gpu_evictable
-from kvoracle.spec.types import BlockHash, Error, Ok, Outcome, Partial, RequestId, Timeout
+from kvoracle.spec.state import CacheState
+from kvoracle.spec.types import Error, Ok, Outcome, Partial, RequestId, Timeout
+from kvoracle.spec.view import View, of_cache, request_name
 
 R = TypeVar("R")
 # Prompts that share prefixes, so that matches, collisions and partial blocks all happen
@@ -44,6 +60,7 @@ def prompt(p: int, block_size: int) -> list[int]:
     """PROMPTS[p] with each token widened to half a block, so block structure is kept."""
     return [t for t in PROMPTS[p] for _ in range(max(1, block_size // 2))]
 
+
 # Ok first: it is what shrinking falls back to, and most transfers succeed.
 outcomes: st.SearchStrategy[Outcome] = st.sampled_from(
     [Ok(), Ok(), Error(), Timeout(), Partial(0), Partial(1), Partial(2)]
@@ -55,7 +72,8 @@ settle: st.SearchStrategy[Outcome | None] = st.one_of(st.none(), outcomes)
 @dataclass
 class Live:
     tokens: list[int]
-    blocks: int  # length of its block table once placed
+    blocks: int  # length of its block table once fully placed
+    placed: int = 0  # blocks placed so far (matched or allocated): prefill chunks add more
 
 
 @dataclass
@@ -64,48 +82,79 @@ class Tally:
     bad_inputs: int = 0
     faults: int = 0
     per_rule: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)  # transfers ended, by outcome
 
 
 class CacheMachine(RuleBasedStateMachine):
     make_adapter: Callable[[], TieredAdapter] = ReferenceCache
-    deep_every = 1  # run the full invariant check every k steps (1: every step)
     tally = Tally()  # shared across examples, read by campaigns
 
     def __init__(self) -> None:
         super().__init__()
         self.engine = type(self).make_adapter()
+        self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
         self.gone: list[RequestId] = []
         self.next_request = 0
 
     # --- the checking core -----------------------------------------------------------
 
-    def _step(self, name: str, impl: Callable[[], R], spec: Callable[[CacheState, R], CacheState]) -> R:
-        """Run one engine call; check invariants and refinement."""
-        before = self.engine.abstract()
-        result = impl()
+    def _step(self, name: str, impl: Callable[[], R], event: Callable[[R], CacheEvent]) -> R:
+        """Run one engine call; check every property, then refinement."""
+        try:
+            result = impl()
+        except PropertyViolated:
+            raise
+        except Exception as e:
+            raise PropertyViolated(name, [self._escaped(name, e)]) from e
         self._count(name)
         self._check(name)
-        got = self.engine.abstract()
-        if before is not None and got is not None:
-            want = spec(before, result)
-            if got != want:
-                raise PropertyViolated(name, [Violation("REFINEMENT", _diff(want, got))])
+        if self.model is not None:
+            self._refine(name, event(result))
         return result
+
+    @staticmethod
+    def _escaped(name: str, e: Exception) -> Violation:
+        if name.endswith("release"):
+            return liveness.exit_cut_short(name, e)
+        if name.endswith("evict_gpu"):
+            return liveness.live_evict(None, 0, 0, None, raised=e)[0]
+        return Violation("VALID-INPUT", f"the engine raised {e!r} on a valid {name}")
+
+    def _refine(self, name: str, event: CacheEvent) -> None:
+        assert self.model is not None
+        try:
+            self.model = apply_cache(self.model, event)
+        except PreconditionError as e:
+            raise PropertyViolated(name, [Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")])
+        got = self.engine.abstract()
+        if got is not None and got != self.model:
+            raise PropertyViolated(name, [Violation("REFINEMENT", _diff(self.model, got))])
 
     def _count(self, name: str) -> None:
         t = type(self).tally
         t.steps += 1
         t.per_rule[name] = t.per_rule.get(name, 0) + 1
 
-    def _check(self, name: str) -> None:
-        if type(self).tally.steps % self.deep_every:
-            return
+    def view(self) -> View:
         e, size = self.engine, self.engine.block_size
-        live = {f"r{r}": held.blocks * size for r, held in self.live.items()}
-        found = with_observed(e.invariants(), check(e.observe(), live, size) + check_tier(e.observe_cpu()))
+        live = {request_name(r): held.placed * size for r, held in self.live.items()}
+        return view_of(e.observe(), e.observe_cpu(), live, size)
+
+    def _check(self, name: str) -> None:
+        found = self._violations(self.view())
         if found:
             raise PropertyViolated(name, found)
+
+    def _violations(self, observed: View) -> list[Violation]:
+        """spec's properties on the abstraction, the engine's own checks, then what only
+        the observation shows (each ID once, from the most precise source)."""
+        got = self.engine.abstract()
+        found = invariants.check(of_cache(got)) if got is not None else []
+        for more in (self.engine.invariants(), invariants.check(observed)):
+            seen = {v.id for v in found}
+            found += [v for v in more if v.id not in seen]
+        return invariants.by_severity(found)
 
     def _pick(self, i: int) -> RequestId | None:
         if not self.live:
@@ -115,7 +164,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _full(self, r: RequestId) -> Blocks:
         """The request's full blocks, as far as its table reaches."""
         held, size = self.live[r], self.engine.block_size
-        hashes = block_hashes(held.tokens, size)[: held.blocks]
+        hashes = block_hashes(held.tokens, size)[: held.placed]
         return Blocks(tuple(held.tokens[: len(hashes) * size]), hashes)
 
     # --- rules -------------------------------------------------------------------------
@@ -125,11 +174,12 @@ class CacheMachine(RuleBasedStateMachine):
         if short > 0:
             self._evict(short)
 
-    @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans())
-    def admit(self, p: int, then: Outcome | None, prefill: bool) -> None:
-        """Match the prompt's prefix and allocate the rest (evicting first if needed).
-        With `then`, the swap-in or prefetch the match started completes at once; with
-        `prefill`, the full blocks are committed when nothing is in flight."""
+    @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans(), chunk=st.integers(0, 3))
+    def admit(self, p: int, then: Outcome | None, prefill: bool, chunk: int) -> None:
+        """Match the prompt's prefix and allocate the first `chunk` blocks of the rest (0:
+        all of it), evicting first if needed. With `then`, the swap-in or prefetch the
+        match started completes at once; with `prefill`, the full blocks placed so far
+        are committed when nothing is in flight."""
         if len(self.live) >= 4:
             return
         e = self.engine
@@ -142,32 +192,48 @@ class CacheMachine(RuleBasedStateMachine):
         need = blocks - e.gpu_hits(asked)
         if need > e.free_gpu():
             return  # no room: admission waits
-        self.live[r] = Live(tokens, 0)  # before the call: the check after it expects the request
-        self._step(
-            "match",
-            lambda: e.match(r, asked, limit=need),
-            lambda s, got: actions.match(s, r, asked.hashes, got.swap_dests, got.prefetch_dests),
-        )
-        rest = blocks - len(e.table(r))
-        self._step("allocate", lambda: e.allocate(r, rest), lambda s, got: actions.allocate(s, r, got))
-        self.live[r].blocks = blocks
+        self.live[r] = Live(tokens, blocks)  # before the call: the check after it expects the request
+        self._step("match", lambda: e.match(r, asked, limit=need),
+                   lambda got: Match(r, asked.hashes, got.swap_dests, got.prefetch_dests))
+        self.live[r].placed = len(e.table(r))
+        rest = blocks - self.live[r].placed
+        self._allocate(r, rest if chunk == 0 else min(chunk, rest))
         self._settle(then)
         if prefill:
             self.commit(len([x for x in self.live if x < r]))
+
+    def _allocate(self, r: RequestId, n: int) -> None:
+        self._step("allocate", lambda: self.engine.allocate(r, n), lambda got: Allocate(r, got))
+        self.live[r].placed += n
+
+    @rule(i=st.integers(0, 7), chunk=st.integers(1, 2), then_commit=st.booleans())
+    def prefill(self, i: int, chunk: int, then_commit: bool) -> None:
+        """The next chunk of a request's prompt: allocate its blocks (evicting if needed)."""
+        r = self._pick(i)
+        if r is None or self.live[r].placed >= self.live[r].blocks:
+            return
+        n = min(chunk, self.live[r].blocks - self.live[r].placed)
+        self._make_room(n)
+        if self.engine.free_gpu() < n:
+            return
+        self._allocate(r, n)
+        if then_commit:
+            self.commit(i)
 
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
     def grow(self, i: int, token: int) -> None:
         """Decode fills the last block: one more block."""
         r = self._pick(i)
-        if r is None:
+        if r is None or self.live[r].placed < self.live[r].blocks:
             return
         self._make_room(1)
         if not self.engine.free_gpu():
             return
-        self._step("grow", lambda: self.engine.allocate(r, 1), lambda s, got: actions.allocate(s, r, got))
+        self._step("grow", lambda: self.engine.allocate(r, 1), lambda got: Allocate(r, got))
         held, size = self.live[r], self.engine.block_size
         held.tokens = held.tokens[: held.blocks * size] + [token] * (size * (held.blocks + 1) - len(held.tokens))
         held.blocks += 1
+        held.placed += 1
 
     @rule(i=st.integers(0, 7))
     def commit(self, i: int) -> None:
@@ -175,7 +241,7 @@ class CacheMachine(RuleBasedStateMachine):
         if r is None or not self.engine.ready(r):
             return
         full = self._full(r)
-        self._step("commit", lambda: self.engine.commit(r, full), lambda s, _: actions.commit(s, r, full.hashes))
+        self._step("commit", lambda: self.engine.commit(r, full), lambda _: Commit(r, full.hashes))
 
     @rule(i=st.integers(0, 7), write=st.booleans())
     def release(self, i: int, write: bool) -> None:
@@ -184,19 +250,19 @@ class CacheMachine(RuleBasedStateMachine):
         if r is None:
             return
         written = self._full(r) if write else Blocks((), ())
+        before = self.view()
         del self.live[r]  # before the call: the check after it expects the request gone
         self.gone.append(r)
-        self._step(
-            "release",
-            lambda: self.engine.release(r, written),
-            lambda s, writes: actions.release(s, r, writes),
-        )
+        self._step("release", lambda: self.engine.release(r, written), lambda writes: Release(r, writes))
+        found = liveness.live_exit(before, self.view(), request_name(r))
+        if found:
+            raise PropertyViolated("release", found)
 
     @rule(need=st.integers(1, 4), tier=st.sampled_from(["gpu", "gpu", "cpu"]), then=settle)
     def evict(self, need: int, tier: str, then: Outcome | None) -> None:
         """Evict; with `then`, the swap-out it starts completes at once with that outcome."""
         if tier == "cpu":
-            self._step("evict_cpu", lambda: self.engine.evict_cpu(need), actions.evict)
+            self._step("evict_cpu", lambda: self.engine.evict_cpu(need), lambda steps: Evict(tuple(steps)))
             return
         self._evict(need)
         self._settle(then)
@@ -208,15 +274,12 @@ class CacheMachine(RuleBasedStateMachine):
             self.complete(len(pending) - 1, outcome)
 
     def _evict(self, need: int) -> None:
-        before = self.engine.abstract()
-        try:
-            steps = self._step("evict_gpu", lambda: self.engine.evict_gpu(need), actions.evict)
-        except PropertyViolated:
-            raise
-        except Exception as e:  # a wedged eviction raises forever (bug class 12)
-            raise PropertyViolated("evict_gpu", [Violation("LIVE-EVICT", f"eviction raised {e!r}")]) from e
-        if before is not None and not steps and any(gpu_evictable(before, h) for h in before.nodes):
-            raise PropertyViolated("evict_gpu", [Violation("LIVE-EVICT", "evictable nodes exist but none evicted")])
+        before = self.model if self.model is not None else self.engine.abstract()
+        evictable = len(self.engine.observe().evictable or ())
+        steps = self._step("evict_gpu", lambda: self.engine.evict_gpu(need), lambda got: Evict(tuple(got)))
+        found = liveness.live_evict(before, evictable, need, steps)
+        if found:
+            raise PropertyViolated("evict_gpu", found)
 
     @rule(i=st.integers(0, 7), outcome=outcomes)
     def complete(self, i: int, outcome: Outcome) -> None:
@@ -227,16 +290,19 @@ class CacheMachine(RuleBasedStateMachine):
         job = pending[i % len(pending)]
         if isinstance(outcome, Partial) and outcome.done > job.items:
             outcome = Partial(job.items)
+        t = type(self).tally
         if not isinstance(outcome, Ok):
-            type(self).tally.faults += 1
-        t = job.transfer
-        self._step("complete", lambda: self.engine.complete(t, outcome), lambda s, _: actions.complete(s, t, outcome))
+            t.faults += 1
+        key = type(outcome).__name__.lower()
+        t.outcomes[key] = t.outcomes.get(key, 0) + 1
+        tid = job.transfer
+        self._step("complete", lambda: self.engine.complete(tid, outcome), lambda _: Complete(tid, outcome))
 
     @rule()
     def reset(self) -> None:
         if self.live or not self.engine.cached():
             return
-        self._step("reset", self.engine.reset, lambda s, _: actions.reset(s))
+        self._step("reset", self.engine.reset, lambda _: Reset())
 
     @rule(kind=st.sampled_from(CACHE_LEVEL))
     def bad_input(self, kind: BadInput) -> None:
@@ -259,33 +325,25 @@ class CacheMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if sys.exc_info()[0] is not None:
             return  # a step already failed: keep its report
-        drain(self, bound=4 * (self.engine.gpu_blocks + self.engine.cpu_blocks) + 8)
+        e = self.engine
+        drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
 
 
 def drain(m: CacheMachine, bound: int) -> int:
-    """LIVE-DRAIN: release everything, complete every transfer, evict everything;
-    every block must be free within `bound` rounds. Returns the rounds used."""
+    """LIVE-DRAIN: release everything, complete every transfer, evict everything, in
+    rounds; every block must be free within `bound` rounds. Returns the rounds used."""
     e = m.engine
-    for r in sorted(m.live):
+    for _ in sorted(m.live):
         m.release(0, write=False)
     for rounds in range(bound):
         for job in e.in_flight():
             t = job.transfer
-            m._step("drain:complete", lambda: e.complete(t, Ok()), lambda s, _: actions.complete(s, t, Ok()))
-        m._step("drain:evict_cpu", lambda: e.evict_cpu(e.cpu_blocks), actions.evict)
+            m._step("drain:complete", lambda: e.complete(t, Ok()), lambda _: Complete(t, Ok()))
+        m._step("drain:evict_cpu", lambda: e.evict_cpu(e.cpu_blocks), lambda got: Evict(tuple(got)))
         m._evict(e.gpu_blocks)
-        if not e.in_flight() and _held(e) == (0, 0):
+        if not liveness.drained(m.view(), len(e.in_flight())):
             return rounds
-    gpu, cpu = _held(e)
-    raise PropertyViolated(
-        "drain",
-        [Violation("LIVE-DRAIN", f"after {bound} rounds {gpu} GPU and {cpu} CPU blocks are still not free")],
-    )
-
-
-def _held(e: TieredAdapter) -> tuple[int, int]:
-    """GPU and CPU blocks not free."""
-    return not_free(e.observe()), not_free(e.observe_cpu())
+    raise PropertyViolated("drain", liveness.drained(m.view(), len(e.in_flight())))
 
 
 def _diff(want: CacheState, got: CacheState) -> str:
@@ -294,4 +352,4 @@ def _diff(want: CacheState, got: CacheState) -> str:
         a, b = getattr(want, f), getattr(got, f)
         if a != b:
             parts.append(f"{f}: spec {a!r} / implementation {b!r}")
-    return "abstraction differs from the spec action: " + "; ".join(parts)
+    return "the engine's state differs from the specification's: " + "; ".join(parts)

@@ -22,7 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvoracle.spec.invariants import Violation, by_severity
+from kvoracle.spec import invariants
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.view import TierView, View
+
+CACHE, TRANSFER = "the cache", "a transfer"  # owners an observation can name
 
 
 class Op(enum.Enum):
@@ -85,8 +89,11 @@ class Observation:
     # blocks (queued, or preempted), and each running request's tokens with KV computed.
     waiting: frozenset[str] | None = None
     tokens: Mapping[str, int] | None = None
-    # Engines with transfers: blocks an in-flight swap, write or prefetch still holds.
+    # Engines with transfers: blocks in-flight transfers read (swap-out and write sources:
+    # INV-PIN), and blocks they own (destinations they fill, blocks a write took over from
+    # a request that ended). None: not observed; in_flight () says no transfer owns any.
     pinned: frozenset[int] | None = None
+    in_flight: tuple[int, ...] | None = ()
 
 
 class EngineAdapter(Protocol):
@@ -143,11 +150,36 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def check(o: Observation, live: Mapping[str, int], block_size: int) -> list[Violation]:
-    """Every invariant the observation allows. `live` maps each running request to the
-    number of tokens it holds."""
-    found = _conserve(o) + _tables(o, live, block_size) + _no_uaf(o) + _refcounts(o) + _counters(o)
-    return by_severity(found)
+def tier_view(name: str, o: Observation) -> TierView:
+    """One tier of an observation as a spec view: what the engine reports, nothing more."""
+    return TierView(
+        name, o.ids, free=o.free,
+        cached=None if o.cached is None else {b: (CACHE,) for b in o.cached},
+        in_flight=None if o.in_flight is None else {b: (TRANSFER,) for b in o.in_flight},
+        reads=None if o.pinned is None else {b: ("",) for b in o.pinned},
+        evictable=None if o.evictable is None else frozenset(o.evictable),
+        refcounts=o.refcounts, counters=o.counters,
+    )
+
+
+def view_of(o: Observation, cpu: Observation | None = None, live: Mapping[str, int] | None = None,
+            block_size: int = 1) -> View:
+    """The partial state an engine's observation allows (spec.view): `live` maps each
+    request the checker expects to be live to the tokens it expects computed (used where
+    the engine does not report `tokens`). Every property of spec/ is evaluated on it;
+    what the observation leaves out stays unchecked."""
+    computed = o.tokens if o.tokens is not None else live
+    return View(
+        tier_view("GPU", o), None if cpu is None else tier_view("CPU", cpu), tables=o.tables,
+        live=None if live is None else frozenset(live),
+        queued=o.waiting if o.waiting is not None else frozenset(),  # an engine without a queue holds none
+        computed=computed, block_size=block_size,
+    )
+
+
+def check(o: Observation, live: Mapping[str, int], block_size: int, cpu: Observation | None = None) -> list[Violation]:
+    """Every safety property of spec/ the observation allows."""
+    return invariants.check(view_of(o, cpu, live, block_size))
 
 
 def with_observed(own: list[Violation], observed: list[Violation]) -> list[Violation]:
@@ -157,105 +189,9 @@ def with_observed(own: list[Violation], observed: list[Violation]) -> list[Viola
     return own + [v for v in observed if v.id not in seen]
 
 
-def check_tier(o: Observation) -> list[Violation]:
-    """A tier no request holds directly (a CPU tier): conservation and counters."""
-    return by_severity(_conserve(o) + _counters(o))
-
-
-def _conserve(o: Observation) -> list[Violation]:
-    out: list[Violation] = []
-    if o.free is not None:
-        dup = sorted(b for b, n in Counter(o.free).items() if n > 1)
-        if dup:
-            out.append(Violation("INV-CONSERVE", f"blocks {dup} are on the free list twice"))
-        stray = sorted(b for b in set(o.free) if b not in o.ids)
-        if stray:
-            out.append(Violation("INV-CONSERVE", f"free list holds ids {stray} outside {o.ids}"))
-    if o.free is not None and o.cached is not None:
-        both = sorted(set(o.free) & o.cached)
-        if both:
-            out.append(Violation("INV-CONSERVE", f"blocks {both} are both free and cached"))
-    if o.free is not None and o.pinned is not None:
-        both = sorted(set(o.free) & o.pinned)
-        if both:
-            out.append(Violation("INV-CONSERVE", f"blocks {both} are free, but an in-flight transfer holds them"))
-    if o.free is not None and o.tables is not None and o.cached is not None:
-        held = {b for t in o.tables.values() for b in t} | (o.pinned or frozenset())
-        lost = sorted(set(o.ids) - set(o.free) - held - o.cached)
-        if lost:
-            out.append(Violation("INV-CONSERVE", f"blocks {lost} are owned by nobody (leaked)"))
-    return out
-
-
-def _tables(o: Observation, live: Mapping[str, int], block_size: int) -> list[Violation]:
-    if o.tables is None:
-        return []
-    out: list[Violation] = []
-    waiting = o.waiting or frozenset()
-    if set(o.tables) | waiting != set(live):
-        out.append(Violation("INV-REQUEST", f"tables for {sorted(o.tables)}, waiting {sorted(waiting)}, "
-                                            f"live requests {sorted(live)}"))
-    if set(o.tables) & waiting:
-        out.append(Violation("INV-REQUEST", f"waiting requests {sorted(set(o.tables) & waiting)} hold blocks"))
-    for rid, table in sorted(o.tables.items()):
-        need = blocks_for((o.tokens if o.tokens is not None else live).get(rid, 0), block_size)
-        if len(table) < need:
-            out.append(Violation("INV-REQUEST", f"request {rid} holds {len(table)} blocks for {need} blocks of tokens"))
-    return out
-
-
-def _no_uaf(o: Observation) -> list[Violation]:
-    if o.tables is None:
-        return []
-    out: list[Violation] = []
-    free = set(o.free or ()) | set(o.evictable or ())
-    for rid, table in sorted(o.tables.items()):
-        used = sorted(set(table) & free)
-        if used:
-            out.append(Violation("INV-NO-UAF", f"request {rid} holds blocks {used}, which are free or evictable"))
-    if o.cached is not None:
-        owners = Counter(b for t in o.tables.values() for b in set(t))
-        shared = sorted(b for b, n in owners.items() if n > 1 and b not in o.cached)
-        if shared:
-            out.append(Violation("INV-NO-UAF", f"private blocks {shared} are in more than one table"))
-    return out
-
-
-def _refcounts(o: Observation) -> list[Violation]:
-    if o.refcounts is None:
-        return []
-    out: list[Violation] = []
-    negative = sorted(b for b, n in o.refcounts.items() if n < 0)
-    if negative:
-        out.append(Violation("INV-REFCOUNT", f"blocks {negative} have a negative reference count"))
-    if o.tables is not None:
-        holders = Counter(b for t in o.tables.values() for b in set(t))
-        wrong = sorted((b, n, holders[b]) for b, n in o.refcounts.items() if n >= 0 and n != holders[b])
-        if wrong:
-            text = ", ".join(f"block {b}: {n} (held by {h})" for b, n, h in wrong)
-            out.append(Violation("INV-REFCOUNT", f"reference count differs from the live holders: {text}"))
-    return out
-
-
-def _counters(o: Observation) -> list[Violation]:
-    return [
-        Violation("INV-COUNTERS", f"{name} reports {got}, the structures hold {real}")
-        for name, (got, real) in sorted(o.counters.items())
-        if got != real
-    ]
-
-
 def not_free(o: Observation) -> int:
     """Blocks of the tier not on its free list (draining ends at 0)."""
     return len(o.ids) - len(set(o.free or ()))
-
-
-def drained(o: Observation) -> list[Violation]:
-    """LIVE-DRAIN: nothing running and everything evicted, every block must be reclaimable."""
-    reclaimable = len(set(o.free or ())) + len(set(o.evictable or ()))
-    if o.free is None or reclaimable == len(o.ids):
-        return []
-    return [Violation("LIVE-DRAIN", f"only {reclaimable} of {len(o.ids)} blocks are free or evictable after draining")]
 
 
 class Scripted:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, drained
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, view_of
+from kvoracle.spec import liveness
 from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec.invariants import Violation
 
@@ -63,15 +64,13 @@ class EngineMachine(RuleBasedStateMachine):
     def _call(self, name: str, call: Callable[[], object], undo: Callable[[], None] = lambda: None) -> bool:
         """A valid call. False: the engine had no room (then `undo` takes back what the
         machine expected of the call), and must have changed nothing."""
-        before = self.adapter.observe()
         try:
             call()
         except NoRoom:
             undo()
             type(self).tally.refused += 1
             self._count(name)
-            self._kept(name, before)
-            self._check(name)
+            self._check(name)  # the machine forgot the request: it must hold nothing, and no block be lost
             return False
         except PropertyViolated:
             raise
@@ -81,17 +80,6 @@ class EngineMachine(RuleBasedStateMachine):
         self._count(name)
         self._check(name)
         return True
-
-    def _kept(self, name: str, before: Observation) -> None:
-        """A refused call may evict cached blocks (policy), but must leave every request's
-        blocks where they were and lose no block."""
-        after = self.adapter.observe()
-        if after.tables != before.tables:
-            raise PropertyViolated(name, [Violation("INV-REQUEST", f"refused for lack of room, but a table changed: "
-                                                                   f"{_diff(before, after)}")])
-        if _reclaimable(after) != _reclaimable(before):
-            raise PropertyViolated(name, [Violation("INV-CONSERVE", f"refused for lack of room, but blocks were lost: "
-                                                                    f"{_diff(before, after)}")])
 
     def _unchanged(self, name: str, before: Observation, how: str) -> None:
         after = self.adapter.observe()
@@ -137,9 +125,13 @@ class EngineMachine(RuleBasedStateMachine):
         rid = self._pick(i)
         if rid is None:
             return
+        before = view_of(self.adapter.observe(), live=self.live)
         del self.live[rid]
         self.gone.append(rid)
         self._call("finish", lambda: self.adapter.finish(rid))
+        found = liveness.live_exit(before, view_of(self.adapter.observe(), live=self.live), rid)
+        if found:
+            raise PropertyViolated("finish", found)
 
     @precondition(lambda self: self.supports(Op.EVICT))
     @rule(blocks=st.integers(1, 4))
@@ -182,18 +174,14 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 def drain(m: EngineMachine) -> None:
-    """Finish everything, evict everything; every block must be free or evictable."""
+    """LIVE-DRAIN: finish everything, evict everything; every block must be free."""
     while m.live:
         m.finish(0)
     if m.supports(Op.EVICT):
         m._call("drain:evict", lambda: m.adapter.evict(len(m.adapter.observe().ids)))
-    found = drained(m.adapter.observe())
+    found = liveness.drained(view_of(m.adapter.observe()))
     if found:
         raise PropertyViolated("drain", found)
-
-
-def _reclaimable(o: Observation) -> frozenset[int]:
-    return frozenset(o.free or ()) | frozenset(o.evictable or ())
 
 
 def _diff(a: Observation, b: Observation) -> str:

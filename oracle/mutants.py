@@ -18,7 +18,7 @@ from kvoracle.kvcache.faults import Reply
 from kvoracle.kvcache.errors import OutOfBlocks
 from kvoracle.kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
 from kvoracle.scheduler.resource_manager import ResourceManager
-from kvoracle.spec.scheduler import Status
+from kvoracle.spec.state import Status
 from kvoracle.spec.types import Outcome, TransferId
 from kvoracle.kvcache.tree import GPU, Node
 from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, OnGpu, RequestId

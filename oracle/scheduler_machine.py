@@ -3,11 +3,13 @@ preempted, finish and abort, while storage and swap I/O fail in every way the fa
 model allows, through the scheduler adapter Protocol (oracle.serving). The fault of
 each I/O call is a rule argument, so shrinking minimises the faults too.
 
-The reference (ReferenceScheduler) moves the KV data through real block pools
-(numpy, or KV_BACKEND). After every step: every cache invariant, what the adapter's
-observations allow, INV-REQUEST, LIVE-TRANSFER and INV-CONTENT; after every exit
-(finish, abort, preempt, including those the scheduler makes itself): LIVE-EXIT.
-Teardown: LIVE-DRAIN. Subclass and set `make_adapter` to check a mutant.
+The machine keeps its own record of the specification's state: it replays the spec
+actions each call reports (spec.scheduler.Event) and advances the record's clock by
+the ticks it makes itself. After every step it evaluates spec's properties on the
+engine's abstraction and observations (INV-*, INV-REQUEST, INV-CONTENT), LIVE-TRANSFER
+on its own clock, LIVE-EXIT on every exit (those the scheduler makes itself included),
+and refinement against the record. Teardown: LIVE-DRAIN. An exception escaping a
+call is a finding (LIVE-EXIT on exit paths, VALID-INPUT elsewhere), never a crash.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
-from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, check, check_tier, not_free, with_observed
+from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, view_of
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.spec import invariants, liveness, scheduler
+from kvoracle.spec.actions import PreconditionError
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.scheduler import EXITED, SchedulerState, Status, inv_request, live_exit, live_transfer
+from kvoracle.spec.state import EXITED, Status, System
 from kvoracle.spec.types import RequestId
+from kvoracle.spec.view import View, of_system, request_name
 
 FAULTS: tuple[Fault, ...] = (
     Fault(FaultKind.RAISE),
@@ -60,51 +65,81 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engine = type(self).make_adapter()
+        self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
+        self.clock = 0  # the checker's own clock: the ticks it made
+        self.seen: dict[object, int] = {}  # transfer -> tick the checker first saw it in flight
         self.next_request = 0
         self.injected = 0
 
     # --- checking -----------------------------------------------------------------------
 
+    def view(self) -> View:
+        e = self.engine
+        live = {request_name(r): 0 for r, s in e.statuses().items() if s not in EXITED}
+        return view_of(e.observe(), e.observe_cpu(), live, e.block_size)
+
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
-              exits: bool = False) -> None:
+              exits: bool = False, ticks: int = 0) -> None:
         """Run one scheduler call; check every property after it. `exiting`: the
         requests the call must have ended (LIVE-EXIT); `exits`: it may end or preempt
-        requests of its own accord (an exception escaping it cut an exit path short)."""
-        before, statuses = self.engine.state(), self.engine.statuses()
+        requests of its own accord; `ticks`: the time the call lets pass."""
+        before, statuses = self.view(), self.engine.statuses()
         escaped: BaseException | None = None
         try:
             call()
         except Exception as e:  # storage or swap errors must never escape the scheduler
             escaped = e
+        self.clock += ticks
         self._count(name)
         found = self.engine.content()
         if self.bookkeeping:
-            found = self._bookkeeping(name, before, statuses, exiting, exits, escaped) + found
+            found = self._bookkeeping(name, before, statuses, exiting, exits, escaped, ticks) + found
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
             raise PropertyViolated(name, found)
 
-    def _bookkeeping(self, name: str, before: SchedulerState | None, statuses: Mapping[RequestId, Status],
-                     exiting: Sequence[RequestId], exits: bool, escaped: BaseException | None) -> list[Violation]:
-        e = self.engine
+    def _bookkeeping(self, name: str, before: View, statuses: Mapping[RequestId, Status],
+                     exiting: Sequence[RequestId], exits: bool, escaped: BaseException | None,
+                     ticks: int) -> list[Violation]:
+        e, after = self.engine, self.view()
+        got = e.state()
+        found = invariants.check(of_system(got)) if got is not None else []
+        for more in (e.invariants(), invariants.check(after)):
+            seen = {v.id for v in found}
+            found += [v for v in more if v.id not in seen]
+        found = invariants.by_severity(found)
         now = e.statuses()
-        found = list(e.invariants())
-        after = e.state()
-        if before is not None and after is not None:
-            found += inv_request(after) + live_transfer(after)
-            for r, s in now.items():
-                if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED):
-                    found += live_exit(before, after, r)
-        for r in exiting:
-            if now.get(r) is Status.RUNNING:
-                found.append(Violation("LIVE-EXIT", f"request {r} is still running after {name}"))
+        for r, s in now.items():
+            if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED):
+                found += liveness.live_exit(before, after, request_name(r))
+        found += [liveness.still_running(request_name(r), name) for r in exiting if now.get(r) is Status.RUNNING]
         if escaped is not None and (exiting or exits):
-            found.append(Violation("LIVE-EXIT", f"{name} raised {escaped!r}: its exit path was cut short"))
+            found.append(liveness.exit_cut_short(name, escaped))
         elif escaped is not None:
             found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
-        live = {f"r{r}": 0 for r, s in now.items() if s not in EXITED}  # tokens: the engine observes them
-        return with_observed(found, check(e.observe(), live, e.block_size) + check_tier(e.observe_cpu()))
+        return found + self._record(name, ticks, got)
+
+    def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:
+        """LIVE-TRANSFER on the checker's clock, and refinement: the record replays what
+        the engine reports it did, and must equal the engine's abstraction."""
+        timeout = self.engine.timeout
+        if self.model is None:
+            live = set(self.engine.transfers())
+            self.seen = {t: self.seen.get(t, self.clock) for t in live}
+            return liveness.live_transfer(self.seen, self.clock, timeout)
+        model = scheduler.tick(self.model, ticks)
+        try:
+            for event in self.engine.events() or ():
+                model = scheduler.apply(model, event)
+        except PreconditionError as err:
+            return [Violation("REFINEMENT", f"{name}: the engine's {err.action} is no step of spec/: {err.reason}")]
+        self.model = model
+        found = liveness.live_transfer(model.started, model.now, timeout)
+        if got is not None and (got.cache, got.requests) != (model.cache, model.requests):
+            found.append(Violation("REFINEMENT", f"after {name} the engine's state differs from the "
+                                                 f"specification's: {_diff(model, got)}"))
+        return found
 
     def _count(self, name: str) -> None:
         t = type(self).tally
@@ -155,7 +190,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 3))
     def tick(self, n: int) -> None:
-        self._call("tick", lambda: self.engine.tick(n))
+        self._call("tick", lambda: self.engine.tick(n), ticks=n)
 
     @rule(kind=st.sampled_from(SCHEDULER_LEVEL))
     def bad_input(self, kind: BadInput) -> None:
@@ -186,15 +221,19 @@ def drain(m: SchedulerMachine) -> None:
     bound = e.timeout + max(f.delay for f in FAULTS) + 2
     for _ in range(bound):
         m._call("drain:evict", e.evict_all)
-        if not e.transfers() and _held(e) == (0, 0):
+        if not liveness.drained(m.view(), len(e.transfers())):
             return
-        m._call("drain:tick", lambda: e.tick(1))
-    gpu, cpu = _held(e)
-    raise PropertyViolated("drain", [Violation(
-        "LIVE-DRAIN", f"after {bound} ticks: {gpu} GPU and {cpu} CPU blocks not free, "
-        f"{e.transfers()} transfers in flight")])
+        m._call("drain:tick", lambda: e.tick(1), ticks=1)
+    raise PropertyViolated("drain", liveness.drained(m.view(), len(e.transfers())))
 
 
-def _held(e: SchedulerAdapter) -> tuple[int, int]:
-    """GPU and CPU blocks not free."""
-    return not_free(e.observe()), not_free(e.observe_cpu())
+def _diff(want: System, got: System) -> str:
+    parts = []
+    for f in want.cache.__dataclass_fields__:
+        a, b = getattr(want.cache, f), getattr(got.cache, f)
+        if a != b:
+            parts.append(f"{f}: spec {a!r} / implementation {b!r}")
+    for r in sorted(set(want.requests) | set(got.requests)):
+        if want.requests.get(r) != got.requests.get(r):
+            parts.append(f"request {r}: spec {want.requests.get(r)} / implementation {got.requests.get(r)}")
+    return "; ".join(parts)

@@ -2,10 +2,13 @@
 finish, preempt, abort, time passing) over a tiered cache, with the faults of each
 call's storage and swap I/O chosen by the machine (oracle.scheduler_machine).
 
-`state` is the refinement hook into spec.scheduler: an engine that cannot map its
-state there returns None, and the machine checks what `observe`, `invariants` and
-`content` allow. Requests are spec/ RequestIds; the observations key tables, `waiting`
-and `tokens` by "r<id>", and must give `free`. The fault model's vocabulary
+`state` is the abstraction into spec/'s System and `events` reports the spec actions
+each call took, with their choices (spec.scheduler.Event): the machine replays them on
+its own record of the specification's state and compares. An engine that cannot map
+its state returns None from both, and the machine checks what `observe`, `invariants`
+and `content` allow, with liveness judged from its own clock and the transfer ids
+`transfers` lists. Requests are spec/ RequestIds; the observations key tables,
+`waiting` and `tokens` by "r<id>", and must give `free`. The fault model's vocabulary
 (kvcache.faults.Fault) is the design's, shared by every engine.
 """
 
@@ -17,7 +20,8 @@ from typing import Protocol
 from kvoracle.kvcache.faults import Fault
 from kvoracle.oracle.engine import BadInput, Observation
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.scheduler import SchedulerState, Status
+from kvoracle.spec.scheduler import Event
+from kvoracle.spec.state import Status, System
 from kvoracle.spec.types import RequestId
 
 
@@ -57,8 +61,8 @@ class SchedulerAdapter(Protocol):
         ...
     def running(self) -> list[RequestId]: ...
     def waiting(self) -> list[RequestId]: ...
-    def transfers(self) -> int:
-        """Transfers in flight (answered or not)."""
+    def transfers(self) -> list[object]:
+        """The ids of the transfers in flight (answered or not)."""
         ...
     def faults_injected(self) -> int:
         """Faults that I/O calls have actually suffered so far."""
@@ -68,7 +72,13 @@ class SchedulerAdapter(Protocol):
     def snapshot(self) -> object:
         """Everything comparable, for "a refused call changed nothing" (equality only)."""
         ...
-    def state(self) -> SchedulerState | None: ...
+    def state(self) -> System | None:
+        """The abstraction: the cache, and each request's status, tokens, computed tokens
+        and admissions (the clock is the checker's own)."""
+        ...
+    def events(self) -> list[Event] | None:
+        """The spec actions taken since the last call, in order, with their choices."""
+        ...
     def invariants(self) -> list[Violation]:
         """The cache's invariants and the engine's own structural checks."""
         ...

@@ -1,15 +1,20 @@
-"""Traces: a versioned JSON Lines record of cache-level events and observed states.
+"""Traces: a versioned JSON Lines record of an engine's lifecycle events and observed states.
 
 An engine that cannot be driven from Python writes one; `kvoracle check-trace FILE`
-replays it against spec/ and reports the first violation with the shortest prefix
-of the trace that shows it. The format is documented in docs/trace.md.
+replays it through spec/'s actions and reports the first violation with the shortest
+prefix of the trace that shows it. The format is documented in docs/trace.md.
 
-    line 1   {"format": "kvoracle-trace", "version": 1, "gpu_blocks": G, "cpu_blocks": C}
+    line 1   {"format": "kvoracle-trace", "version": 2, "level": "cache"|"scheduler", ...}
     then     one event per line: {"op": ..., <arguments>, "observe": {...}?}
 
-Every event is a spec action with the choices the engine made; `observe` (optional,
-on any event) is what the engine reports of its state after the event, and is
-checked against what the specification says that state is.
+A cache-level trace carries the cache's actions (match, allocate, commit, release,
+evict, complete, reset); a scheduler-level trace the system's (submit, admit, prefill,
+decode, insert, exit, evict, complete, tick, reset), so that its clock is known. Every
+event is a spec action with the choices the engine made; `observe` (optional, on any
+event) is what the engine reports of its state after the event, and replaces the
+specification's own value before spec's properties are evaluated. After every event:
+every safety property; after every release or exit: LIVE-EXIT; on a scheduler trace,
+after every event: LIVE-TRANSFER on the trace's own clock.
 """
 
 from __future__ import annotations
@@ -20,13 +25,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Mapping, TextIO, cast
 
-from kvoracle.kvcache.abstraction import abstract, observe
+from kvoracle.kvcache.abstraction import abstract
 from kvoracle.kvcache.manager import CacheManager
-from kvoracle.spec import actions
-from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, PreconditionError, SwapOutTo
+from kvoracle.spec import actions, liveness, scheduler
+from kvoracle.spec.actions import (
+    Allocate,
+    CacheEvent,
+    Commit,
+    Complete,
+    Drop,
+    Evict,
+    EvictCpu,
+    EvictStep,
+    Match,
+    PreconditionError,
+    Release,
+    Reset,
+    SkipStale,
+    SwapOutTo,
+)
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation, by_severity, check
-from kvoracle.spec.state import CacheState, Counters, Observed, initial
+from kvoracle.spec.scheduler import Admit, Decode, Event, Exit, Insert, Prefill, Submit, Tick
+from kvoracle.spec.state import CacheState, Heap, Status, System, initial, initial_system
 from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
@@ -36,11 +57,13 @@ from kvoracle.spec.types import (
     Outcome,
     Partial,
     RequestId,
+    Tier,
     Timeout,
     TransferId,
 )
+from kvoracle.spec.view import View, of_cache, request_name, true_counters
 
-FORMAT, VERSION = "kvoracle-trace", 1
+FORMAT, VERSION = "kvoracle-trace", 2
 Json = dict[str, object]
 
 
@@ -95,6 +118,8 @@ def outcome_json(o: Outcome) -> object:
 def step_of(x: object, line: int) -> EvictStep:
     if isinstance(x, list) and len(x) == 3 and x[0] == "swap_out":
         return SwapOutTo(BlockHash(_int(x[1], line, "node")), CpuBlock(_int(x[2], line, "cpu block")))
+    if isinstance(x, list) and len(x) == 3 and x[0] == "stale" and x[2] in ("gpu", "cpu"):
+        return SkipStale(BlockHash(_int(x[1], line, "node")), Tier(x[2]))
     if isinstance(x, list) and len(x) == 2 and x[0] in ("drop", "evict_cpu"):
         h = BlockHash(_int(x[1], line, "node"))
         return Drop(h) if x[0] == "drop" else EvictCpu(h)
@@ -104,42 +129,91 @@ def step_of(x: object, line: int) -> EvictStep:
 def step_json(s: EvictStep) -> list[object]:
     if isinstance(s, SwapOutTo):
         return ["swap_out", s.node, s.cpu]
+    if isinstance(s, SkipStale):
+        return ["stale", s.node, s.tier.value]
     return ["drop" if isinstance(s, Drop) else "evict_cpu", s.node]
 
 
-def apply(s: CacheState, ev: Json, line: int) -> CacheState:
-    """The spec action an event names, with the engine's choices."""
-    op = ev.get("op")
-    r = RequestId(_int(ev.get("request", -1), line, "request"))
-    if op == "match":
-        return actions.match(s, r, [BlockHash(h) for h in _ints(ev.get("hashes"), line, "hashes")],
-                             [GpuBlock(g) for g in _ints(ev.get("swap_dests", []), line, "swap_dests")],
-                             [GpuBlock(g) for g in _ints(ev.get("prefetch_dests", []), line, "prefetch_dests")])
-    if op == "allocate":
-        return actions.allocate(s, r, [GpuBlock(g) for g in _ints(ev.get("blocks"), line, "blocks")])
-    if op == "commit":
-        return actions.commit(s, r, [BlockHash(h) for h in _ints(ev.get("hashes"), line, "hashes")])
-    if op == "release":
-        pairs = ev.get("writes", [])
-        if not isinstance(pairs, list):
-            raise TraceFormatError(line, "writes must be a list of [hash, block] pairs")
-        writes = [(BlockHash(_int(p[0], line, "hash")), GpuBlock(_int(p[1], line, "block"))) for p in pairs]
-        return actions.release(s, r, writes)
+def _writes(ev: Json, line: int) -> tuple[tuple[BlockHash, GpuBlock], ...]:
+    pairs = ev.get("writes", [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise TraceFormatError(line, "writes must be a list of [hash, block] pairs")
+    return tuple((BlockHash(_int(p[0], line, "hash")), GpuBlock(_int(p[1], line, "block"))) for p in pairs)
+
+
+def _blocks(ev: Json, key: str, line: int) -> tuple[GpuBlock, ...]:
+    return tuple(GpuBlock(g) for g in _ints(ev.get(key, []), line, key))
+
+
+def _shared_event(op: object, ev: Json, line: int) -> Evict | Complete | Reset | None:
+    """An event both levels have."""
     if op == "evict":
         steps = ev.get("steps")
         if not isinstance(steps, list):
             raise TraceFormatError(line, "steps must be a list")
-        return actions.evict(s, [step_of(x, line) for x in steps])
+        return Evict(tuple(step_of(x, line) for x in steps))
     if op == "complete":
-        return actions.complete(s, TransferId(_int(ev.get("transfer"), line, "transfer")),
-                                outcome_of(ev.get("outcome"), line))
+        return Complete(TransferId(_int(ev.get("transfer"), line, "transfer")), outcome_of(ev.get("outcome"), line))
     if op == "reset":
-        return actions.reset(s)
-    raise TraceFormatError(line, f"unknown op {op!r}")
+        return Reset()
+    return None
 
 
-def observed(s: CacheState, obs: object, line: int) -> tuple[CacheState, Observed | None]:
-    """The state as the engine reports it: reported fields replace the spec's own."""
+def cache_event(ev: Json, line: int) -> CacheEvent:
+    """The cache action a cache-level event names, with the engine's choices."""
+    op = ev.get("op")
+    shared = _shared_event(op, ev, line)
+    if shared is not None:
+        return shared
+    r = RequestId(_int(ev.get("request", -1), line, "request"))
+    hashes = tuple(BlockHash(h) for h in _ints(ev.get("hashes", []), line, "hashes"))
+    if op == "match":
+        return Match(r, hashes, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line))
+    if op == "allocate":
+        return Allocate(r, _blocks(ev, "blocks", line))
+    if op == "commit":
+        return Commit(r, hashes)
+    if op == "release":
+        return Release(r, _writes(ev, line))
+    raise TraceFormatError(line, f"unknown op {op!r} for a cache-level trace")
+
+
+EXIT_STATUS = {"finished": Status.FINISHED, "aborted": Status.ABORTED, "preempted": Status.PREEMPTED}
+
+
+def system_event(ev: Json, line: int) -> Event:
+    """The system action a scheduler-level event names, with the engine's choices."""
+    op = ev.get("op")
+    shared = _shared_event(op, ev, line)
+    if shared is not None:
+        return shared
+    if op == "tick":
+        return Tick(_int(ev.get("ticks", 1), line, "ticks"))
+    r = RequestId(_int(ev.get("request", -1), line, "request"))
+    if op == "submit":
+        return Submit(r, tuple(_ints(ev.get("tokens"), line, "tokens")))
+    if op == "admit":
+        return Admit(r, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line))
+    if op == "prefill":
+        return Prefill(r, _int(ev.get("tokens"), line, "tokens"), _blocks(ev, "blocks", line))
+    if op == "decode":
+        return Decode(r, _int(ev.get("token"), line, "token"), _blocks(ev, "blocks", line))
+    if op == "insert":
+        return Insert(r, _int(ev.get("blocks"), line, "blocks"))
+    if op == "exit":
+        to = ev.get("to")
+        if to not in EXIT_STATUS:
+            raise TraceFormatError(line, f"exit to {to!r}: one of {', '.join(EXIT_STATUS)}")
+        return Exit(r, EXIT_STATUS[to], _writes(ev, line))
+    raise TraceFormatError(line, f"unknown op {op!r} for a scheduler-level trace")
+
+
+# --- what the engine reports ---------------------------------------------------------------
+
+
+def observed(s: CacheState, obs: object, line: int) -> View:
+    """The view of the state as the engine reports it: each reported field replaces the
+    specification's own; reported counters are judged against the recount."""
     if not isinstance(obs, dict):
         raise TraceFormatError(line, "observe must be an object")
     if "gpu_free" in obs:
@@ -156,34 +230,90 @@ def observed(s: CacheState, obs: object, line: int) -> tuple[CacheState, Observe
             if h in nodes:
                 nodes[h] = replace(nodes[h], refcount=_int(v, line, "refcount"))
         s = replace(s, nodes=nodes)
-    if "gpu_findable" not in obs:
-        return s, None
-    c = obs.get("counters", {})
-    counters = Counters(**{k: _int(v, line, k) for k, v in cast(Mapping[str, object], c).items()})
-    return s, Observed(frozenset(BlockHash(h) for h in _ints(obs["gpu_findable"], line, "gpu_findable")),
-                       frozenset(BlockHash(h) for h in _ints(obs.get("cpu_findable", []), line, "cpu_findable")),
-                       counters)
+    s = replace(s, gpu_heap=_heap(obs, "gpu", s.gpu_heap, line), cpu_heap=_heap(obs, "cpu", s.cpu_heap, line))
+    reported = cast(Mapping[str, object], obs.get("counters", {}))
+    true = true_counters(s)
+    unknown = sorted(set(reported) - set(true))
+    if unknown:
+        raise TraceFormatError(line, f"unknown counters {unknown} (known: {', '.join(true)})")
+    counters = {k: (_int(v, line, k), true[k]) for k, v in reported.items()}
+    return of_cache(s, {k: c for k, c in counters.items() if k.startswith("gpu")},
+                    {k: c for k, c in counters.items() if k.startswith("cpu")})
+
+
+def _heap(obs: Mapping[str, object], tier: str, heap: Heap, line: int) -> Heap:
+    """The heap as reported: `<tier>_findable` its entries, `<tier>_flagged` its in_heap
+    flags (taken to agree with the entries when only those are reported)."""
+    if f"{tier}_findable" not in obs:
+        return heap
+    entries = frozenset(BlockHash(h) for h in _ints(obs[f"{tier}_findable"], line, f"{tier}_findable"))
+    flagged = obs.get(f"{tier}_flagged")
+    return Heap(entries, entries if flagged is None else frozenset(
+        BlockHash(h) for h in _ints(flagged, line, f"{tier}_flagged")))
+
+
+# --- checking ----------------------------------------------------------------------------------------
 
 
 def check_trace(lines: Sequence[str]) -> TraceReport:
-    """Replay a trace against spec/; stop at the first violation."""
+    """Replay a trace through spec/; stop at the first violation."""
     if not lines:
         raise TraceFormatError(1, "empty trace")
     head = _parse(lines[0], 1)
-    if head.get("format") != FORMAT or head.get("version") != VERSION:
-        raise TraceFormatError(1, f"not a {FORMAT} version {VERSION} header")
-    s = initial(_int(head.get("gpu_blocks"), 1, "gpu_blocks"), _int(head.get("cpu_blocks"), 1, "cpu_blocks"))
+    if head.get("format") != FORMAT or head.get("version") not in (1, VERSION):
+        raise TraceFormatError(1, f"not a {FORMAT} header of version 1 or {VERSION}")
+    gpu, cpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks"), _int(head.get("cpu_blocks"), 1, "cpu_blocks")
+    if head.get("level", "cache") == "scheduler":
+        return _replay_system(lines, initial_system(gpu, cpu, _int(head.get("block_size"), 1, "block_size"),
+                                                    _int(head.get("timeout"), 1, "timeout")))
+    return _replay_cache(lines, initial(gpu, cpu))
+
+
+def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
+    before = of_cache(s)
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
+        event = cache_event(ev, n)
         try:
-            s = apply(s, ev, n)
+            s = actions.apply_cache(s, event)
         except PreconditionError as e:
             return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
-        seen, obs = observed(s, ev["observe"], n) if "observe" in ev else (s, None)
-        found = by_severity(check(seen, obs))
+        after = observed(s, ev["observe"], n) if "observe" in ev else of_cache(s)
+        found = by_severity(check(after))
+        if isinstance(event, Release):
+            found += liveness.live_exit(before, after, request_name(event.request))
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
+        before = after
     return TraceReport(len(lines) - 1, [], 0, [])
+
+
+def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
+    before = _system_view(s, of_cache(s.cache))
+    for n, text in enumerate(lines[1:], 2):
+        ev = _parse(text, n)
+        event = system_event(ev, n)
+        try:
+            s = scheduler.apply(s, event)
+        except PreconditionError as e:
+            return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
+        after = _system_view(s, observed(s.cache, ev["observe"], n) if "observe" in ev else of_cache(s.cache))
+        found = by_severity(check(after)) + liveness.live_transfer(s.started, s.now, s.timeout)
+        if isinstance(event, Exit):
+            found += liveness.live_exit(before, after, request_name(event.request))
+        if found:
+            return TraceReport(n - 1, found, n, list(lines[:n]))
+        before = after
+    return TraceReport(len(lines) - 1, [], 0, [])
+
+
+def _system_view(s: System, cache: View) -> View:
+    """The cache as observed, and the request lifecycle as the trace has it."""
+    live = frozenset(request_name(r) for r in scheduler.live(s))
+    queued = frozenset(request_name(r) for r, q in s.requests.items() if q.status in (Status.WAITING,
+                                                                                        Status.PREEMPTED))
+    computed = {request_name(r): q.computed for r, q in s.requests.items() if q.status is Status.RUNNING}
+    return replace(cache, live=live, queued=queued, computed=computed, block_size=s.block_size)
 
 
 def _parse(text: str, line: int) -> Json:
@@ -201,13 +331,21 @@ def _parse(text: str, line: int) -> Json:
 
 def snapshot(cache: CacheManager) -> Json:
     """What the reference reports of its state, in the trace's `observe` form."""
-    s, o = abstract(cache), observe(cache)
+    s = abstract(cache)
     return {
         "gpu_free": list(s.gpu_free), "cpu_free": list(s.cpu_free),
         "refcounts": {str(h): n.refcount for h, n in s.nodes.items()},
-        "gpu_findable": sorted(o.gpu_findable), "cpu_findable": sorted(o.cpu_findable),
-        "counters": {k: getattr(o.counters, k) for k in Counters.__dataclass_fields__},
+        "gpu_findable": sorted(s.gpu_heap.entries), "cpu_findable": sorted(s.cpu_heap.entries),
+        "gpu_flagged": sorted(s.gpu_heap.flagged), "cpu_flagged": sorted(s.cpu_heap.flagged),
+        "counters": {"gpu_free": cache.gpu.num_free, "cpu_free": cache.cpu.num_free,
+                     "gpu_evictable": cache.gpu_evictable, "cpu_evictable": cache.cpu_evictable,
+                     "gpu_in_use": cache.gpu_in_use},
     }
+
+
+def header(gpu_blocks: int, cpu_blocks: int) -> str:
+    return json.dumps({"format": FORMAT, "version": VERSION, "level": "cache",
+                       "gpu_blocks": gpu_blocks, "cpu_blocks": cpu_blocks})
 
 
 def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_blocks: int = 3) -> int:
@@ -216,7 +354,7 @@ def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_block
     cache = CacheManager(gpu_blocks, cpu_blocks)
     prompts = [block_hashes(p, 2) for p in ((1, 1, 2, 2), (1, 1, 2, 1), (2, 2, 1, 1), (1, 1))]
     live: dict[RequestId, tuple[BlockHash, ...]] = {}
-    out.write(json.dumps({"format": FORMAT, "version": VERSION, "gpu_blocks": gpu_blocks, "cpu_blocks": cpu_blocks}) + "\n")
+    out.write(header(gpu_blocks, cpu_blocks) + "\n")
     written, next_r = 0, 0
 
     def emit(ev: Json) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import BlockPool, seed_fingerprints
 from kvoracle.spec.hashing import block_hash
-from kvoracle.spec.invariants import Violation
+from kvoracle.spec.invariants import Content, Violation, inv_content
 from kvoracle.spec.types import BlockHash, OnCpu, OnGpu, SwappingIn, SwappingOut
 
 
@@ -34,9 +34,9 @@ def block_seeds(tokens: list[int], hashes: tuple[BlockHash, ...], block_size: in
     return seeds
 
 
-def inv_content(cache: CacheManager, pools: KVPools, tables: dict[int, tuple[list[int], list[int]]]) -> list[Violation]:
-    """INV-CONTENT: every block reachable through the tree or a ready request's table
-    holds the fingerprint of exactly the prefix it stands for.
+def content(cache: CacheManager, pools: KVPools, tables: dict[int, tuple[list[int], list[int]]]) -> list[Violation]:
+    """What spec's INV-CONTENT says of the reference's blocks: each block reachable through
+    the tree or a ready request's table, its fingerprint and its prefix's.
 
     `tables` maps each ready running request to (its table, the seeds of its positions)."""
     gpu_blocks: list[int] = []
@@ -63,8 +63,4 @@ def _compare(tier: str, pool: BlockPool, blocks: list[int], seeds: list[int]) ->
         return []
     have = pool.fingerprints(blocks)
     want = seed_fingerprints(seeds, pool.block_bytes)
-    return [
-        Violation("INV-CONTENT", f"{tier} block {b} holds {h:#018x}, its prefix needs {w:#018x}")
-        for b, h, w in zip(blocks, have, want)
-        if h != w
-    ]
+    return inv_content([Content(tier, b, w, h) for b, h, w in zip(blocks, have, want)])

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from kvoracle.spec.types import BlockHash, RequestId
-from kvoracle.spec.scheduler import Status
+from kvoracle.spec.state import Status
 
 
 class WritePolicy(Enum):
@@ -30,6 +30,7 @@ class Request:
     tokens: list[int]  # prompt, then generated tokens
     status: Status = Status.WAITING
     admitted_at: int = -1  # admission order, for preemption (last admitted goes first)
+    admissions: int = 0  # times admitted (re-admission follows a preemption)
     blocks: int = 0  # length of its block table while running
     preemptions: int = 0
     hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, kept as they fill

@@ -26,8 +26,10 @@ from kvoracle.kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob
 from kvoracle.kvcache.storage import StorageError
 from kvoracle.scheduler.content import KVPools, block_seeds
 from kvoracle.scheduler.request import Request, WritePolicy
+from kvoracle.spec.actions import Complete, Evict
 from kvoracle.spec.hashing import block_hash
-from kvoracle.spec.scheduler import EXITED, Status
+from kvoracle.spec.scheduler import Admit, Decode, Event, Exit, Insert, Prefill, Submit
+from kvoracle.spec.state import EXITED, Status
 from kvoracle.spec.types import BlockHash, Error, GpuBlock, Outcome, RequestId, Timeout, TransferId, succeeded
 
 
@@ -82,6 +84,7 @@ class ResourceManager:
         self.stats = Stats()
         self.pools = pools  # when set, every copy the lifecycle implies moves real bytes
         self._reads: dict[TransferId, list[bytes]] = {}  # prefetched data awaiting its answer
+        self.events: list[Event] = []  # every spec action taken, with its choices (refinement replays them)
 
     # --- bookkeeping helpers --------------------------------------------------------
 
@@ -128,6 +131,7 @@ class ResourceManager:
         req = Request(r, list(tokens))
         self.requests[r] = req
         self.waiting.append(r)
+        self.events.append(Submit(r, tuple(tokens)))
         return req
 
     # --- schedule --------------------------------------------------------------------
@@ -138,7 +142,9 @@ class ResourceManager:
         requests in order. Returns the requests admitted."""
         for r in list(self.running):
             if self.cache.ready(r):
-                self.cache.commit(r, self.hashes(r)[: self.requests[r].blocks])
+                full = self.hashes(r)[: self.requests[r].blocks]
+                self.cache.commit(r, full)
+                self.events.append(Insert(r, len(full)))
         for r in list(self.running):
             if r in self.running and self.cache.ready(r):
                 self._decode(r)
@@ -152,10 +158,13 @@ class ResourceManager:
         if len(req.tokens) + 1 > req.blocks * self.block_size:
             if not self._reserve(1, r):
                 return  # r itself was preempted to make room
-            self.cache.allocate(r, 1)
+            grown = tuple(self.cache.allocate(r, 1))
             req.blocks += 1
             self.stats.block_ops += 1
+        else:
+            grown = ()
         req.tokens.append(1 + (len(req.tokens) + r) % 2)
+        self.events.append(Decode(r, req.tokens[-1], grown))
         self._fill(r, [req.blocks - 1])  # the last block now holds one more token
 
     def _reserve(self, need: int, grower: RequestId) -> bool:
@@ -174,6 +183,8 @@ class ResourceManager:
         """Start evicting; True when that freed or will free anything."""
         rep = self.cache.evict_gpu(need)
         self.stats.block_ops += len(rep.steps)
+        if rep.steps:
+            self.events.append(Evict(rep.steps))
         if rep.swap_out is not None:
             n = len(self.cache.jobs[rep.swap_out].items)
             self._start(rep.swap_out, lambda: self.copier.copy("swap_out", n))
@@ -202,9 +213,14 @@ class ResourceManager:
         return True
 
     def _started_running(self, req: Request, blocks: int, rep: MatchReport) -> None:
+        self.events.append(Admit(req.id, rep.swap_dests, rep.prefetch_dests))
+        rest = len(req.tokens) - min(len(req.tokens), rep.hits * self.block_size)
+        if rest:
+            self.events.append(Prefill(req.id, rest, tuple(self.cache.table(req.id)[rep.hits:])))
         req.status = Status.RUNNING
         req.blocks = blocks
         req.admitted_at = self._admissions
+        req.admissions += 1
         self._admissions += 1
         self.running.append(req.id)
         self.stats.admitted += 1
@@ -267,12 +283,14 @@ class ResourceManager:
         req = self.requests[r]
         if req.status is Status.RUNNING:
             rep = self.cache.release(r, write)
+            self.events.append(Exit(r, to, rep.writes))
             self.running.remove(r)
             if rep.write is not None:
                 items = self._payloads(rep.writes)
                 self._start(rep.write, lambda: self.storage.write(items))
         else:
             self.waiting.remove(r)
+            self.events.append(Exit(r, to))
         req.status = to
         if to is Status.PREEMPTED:
             req.preemptions += 1
@@ -316,6 +334,7 @@ class ResourceManager:
         done = succeeded(outcome, len(job.items))
         arrived = self._move(job, done)
         self.cache.complete(t, outcome)
+        self.events.append(Complete(t, outcome))
         self.started.pop(t, None)
         self._reads.pop(t, None)
         if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None and arrived < len(job.items):
@@ -355,6 +374,13 @@ class ResourceManager:
             if self.now - began >= self.timeout and t in self.cache.jobs:
                 self.stats.timeouts += 1
                 self._deliver(t, Timeout())
+
+    def evict_all(self) -> None:
+        """Evict what nothing holds on both tiers, as far as one round goes."""
+        rep = self.cache.evict_cpu(self.cache.cpu.size)
+        if rep.steps:
+            self.events.append(Evict(rep.steps))
+        self._evict(self.cache.gpu.size)
 
     def in_flight(self) -> list[TransferId]:
         return self.cache.in_flight()

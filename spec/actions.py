@@ -4,15 +4,24 @@ Where the specification allows a choice (which free blocks, which evictable node
 how many CPU or storage hits to take), the choice is an argument; the precondition
 says which choices are allowed. An implementation reports the choices it made, and
 refinement replays them here.
+
+Every action ends by settling the LRU heaps (`settle`): entries and flags of nodes
+that left the tree vanish, and every evictable node without a flag is offered. Only
+eviction removes a live node's entry: it evicts a node it found there, or pops a
+stale entry (SkipStale), which clears the flag so the node is offered again the
+moment it is evictable again.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence, TypeVar
+from typing import Mapping, ParamSpec, Sequence, TypeVar
 
 from kvoracle.spec.state import (
     CacheState,
+    Heap,
     Holding,
     Node,
     Prefetch,
@@ -33,8 +42,9 @@ from kvoracle.spec.types import (
     Partial,
     RequestId,
     SwappingIn,
-    Timeout,
     SwappingOut,
+    Tier,
+    Timeout,
     TransferId,
     gpu_block_of,
     succeeded,
@@ -42,6 +52,7 @@ from kvoracle.spec.types import (
 
 K = TypeVar("K")
 V = TypeVar("V")
+P = ParamSpec("P")
 
 
 class PreconditionError(Exception):
@@ -103,6 +114,32 @@ def _new_transfer(s: CacheState, t: Transfer) -> CacheState:
     return replace(s, transfers=_put(s.transfers, tid, t), next_transfer=s.next_transfer + 1)
 
 
+def settle(s: CacheState) -> CacheState:
+    """The heaps after a step: only live nodes keep entries and flags; every evictable
+    node without a flag gets an entry (it is offered to its tier's heap)."""
+    gpu = _settled(s.gpu_heap, s, [h for h in s.nodes if gpu_evictable(s, h)])
+    cpu = _settled(s.cpu_heap, s, [h for h in s.nodes if cpu_evictable(s, h)])
+    if gpu == s.gpu_heap and cpu == s.cpu_heap:
+        return s
+    return replace(s, gpu_heap=gpu, cpu_heap=cpu)
+
+
+def _settled(heap: Heap, s: CacheState, evictable: list[BlockHash]) -> Heap:
+    offered = frozenset(h for h in evictable if h not in heap.flagged)
+    live = s.nodes.keys()
+    return Heap((heap.entries & live) | offered, (heap.flagged & live) | offered)
+
+
+def _settles(action: Callable[P, CacheState]) -> Callable[P, CacheState]:
+    """The action, followed by `settle`."""
+
+    @functools.wraps(action)
+    def step(*args: P.args, **kwargs: P.kwargs) -> CacheState:
+        return settle(action(*args, **kwargs))
+
+    return step
+
+
 def table(s: CacheState, r: RequestId) -> tuple[GpuBlock, ...]:
     """The request's block table: the GPU block of each path node, then its private blocks."""
     held = s.requests[r]
@@ -124,6 +161,7 @@ def gpu_hits(s: CacheState, hashes: Sequence[BlockHash]) -> int:
     return len(hashes)
 
 
+@_settles
 def match(
     s: CacheState,
     r: RequestId,
@@ -180,6 +218,7 @@ def match(
 # --- allocate, commit -------------------------------------------------------------
 
 
+@_settles
 def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock]) -> CacheState:
     """Free blocks join the end of r's private blocks."""
     a = "allocate"
@@ -202,6 +241,7 @@ def ready(s: CacheState, r: RequestId) -> bool:
     return not dests.intersection(held.private)
 
 
+@_settles
 def commit(s: CacheState, r: RequestId, hashes: Sequence[BlockHash]) -> CacheState:
     """r's full blocks named by `hashes` become tree nodes, in order, up to the first
     whose hash is already in the tree: that block and every later one stay private."""
@@ -223,6 +263,7 @@ def commit(s: CacheState, r: RequestId, hashes: Sequence[BlockHash]) -> CacheSta
 # --- release (with an optional storage write first) -------------------------------
 
 
+@_settles
 def release(
     s: CacheState, r: RequestId, writes: Sequence[tuple[BlockHash, GpuBlock]] = ()
 ) -> CacheState:
@@ -289,48 +330,75 @@ class Drop:
     node: BlockHash
 
 
-EvictStep = EvictCpu | SwapOutTo | Drop
+@dataclass(frozen=True)
+class SkipStale:
+    """Eviction popped the entry of a node that is not evictable on that tier: the entry
+    goes, the flag is cleared (the node is offered again once evictable)."""
+
+    node: BlockHash
+    tier: Tier
+
+
+EvictStep = EvictCpu | SwapOutTo | Drop | SkipStale
 
 
 def _cpu_has_room(s: CacheState) -> bool:
     return bool(s.cpu_free) or any(cpu_evictable(s, h) for h in s.nodes)
 
 
+def _popped(heap: Heap, h: BlockHash) -> Heap:
+    return Heap(heap.entries - {h}, heap.flagged - {h})
+
+
 def evict(s: CacheState, steps: Sequence[EvictStep]) -> CacheState:
-    """Apply eviction steps in order. A GPU-evictable node is swapped out to a free CPU
-    block while the CPU tier has room (free, or made free by evicting CPU leaves) and
-    dropped only when it has none. All swaps of one call form one transfer."""
-    a = "evict"
+    """Apply eviction steps in order, each on a node eviction found in its tier's heap.
+    A GPU-evictable node is swapped out to a free CPU block while the CPU tier has room
+    (free, or made free by evicting CPU leaves) and dropped only when it has none. The
+    heaps settle after each step (a parent may become evictable within the same call).
+    All swaps of one call form one transfer."""
     swaps: list[tuple[BlockHash, GpuBlock, CpuBlock]] = []
     for step in steps:
-        h = step.node
-        _require(h in s.nodes, a, f"unknown node {h:#x}")
-        tier = s.nodes[h].tier
-        if isinstance(step, EvictCpu):
-            _require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
-            assert isinstance(tier, OnCpu)
-            s = replace(s, nodes=_without(s.nodes, h), cpu_free=_give_free(s.cpu_free, [tier.cpu]))
-            continue
+        s = settle(_evict_one(s, step, swaps))
+    return settle(_new_transfer(s, SwapOut(tuple(swaps)))) if swaps else s
+
+
+def _evict_one(s: CacheState, step: EvictStep, swaps: list[tuple[BlockHash, GpuBlock, CpuBlock]]) -> CacheState:
+    a, h = "evict", step.node
+    _require(h in s.nodes, a, f"unknown node {h:#x}")
+    tier = s.nodes[h].tier
+    on_cpu = isinstance(step, EvictCpu) or (isinstance(step, SkipStale) and step.tier is Tier.CPU)
+    heap = s.cpu_heap if on_cpu else s.gpu_heap
+    _require(h in heap.entries, a, f"node {h:#x} has no entry in the {'CPU' if on_cpu else 'GPU'} heap")
+    if isinstance(step, SkipStale):
+        evictable = cpu_evictable(s, h) if on_cpu else gpu_evictable(s, h)
+        _require(not evictable, a, f"node {h:#x} is evictable: its entry is not stale")
+    elif isinstance(step, EvictCpu):
+        _require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
+    else:
         _require(gpu_evictable(s, h), a, f"node {h:#x} is not evictable on GPU")
-        assert isinstance(tier, OnGpu)
-        if isinstance(step, Drop):
-            _require(not _cpu_has_room(s), a, f"node {h:#x} dropped while the CPU tier has room")
-            s = replace(s, nodes=_without(s.nodes, h), gpu_free=_give_free(s.gpu_free, [tier.gpu]))
-            continue
-        n = s.nodes[h]
-        s = replace(
-            s,
-            cpu_free=_take_free(s.cpu_free, [step.cpu], a),
-            nodes=_put(s.nodes, h, replace(n, tier=SwappingOut(tier.gpu, step.cpu))),
-            gpu_pins=_bump(s.gpu_pins, tier.gpu, 1),
-        )
-        swaps.append((h, tier.gpu, step.cpu))
-    return _new_transfer(s, SwapOut(tuple(swaps))) if swaps else s
+    popped = replace(s, cpu_heap=_popped(heap, h)) if on_cpu else replace(s, gpu_heap=_popped(heap, h))
+    if isinstance(step, SkipStale):
+        return popped
+    if isinstance(step, EvictCpu):
+        assert isinstance(tier, OnCpu)
+        return replace(popped, nodes=_without(s.nodes, h), cpu_free=_give_free(s.cpu_free, [tier.cpu]))
+    assert isinstance(tier, OnGpu)
+    if isinstance(step, Drop):
+        _require(not _cpu_has_room(s), a, f"node {h:#x} dropped while the CPU tier has room")
+        return replace(popped, nodes=_without(s.nodes, h), gpu_free=_give_free(s.gpu_free, [tier.gpu]))
+    swaps.append((h, tier.gpu, step.cpu))
+    return replace(
+        popped,
+        cpu_free=_take_free(s.cpu_free, [step.cpu], a),
+        nodes=_put(s.nodes, h, replace(s.nodes[h], tier=SwappingOut(tier.gpu, step.cpu))),
+        gpu_pins=_bump(s.gpu_pins, tier.gpu, 1),
+    )
 
 
 # --- completion -------------------------------------------------------------------
 
 
+@_settles
 def complete(s: CacheState, t: TransferId, outcome: Outcome) -> CacheState:
     """Transfer t ends with `outcome`. Every outcome unpins what t read and leaves each
     of its nodes in a consistent tier: the done items move, the failed ones stay put."""
@@ -412,6 +480,7 @@ def _complete_swap_in(s: CacheState, tr: SwapIn, done: int) -> CacheState:
 # --- reset ----------------------------------------------------------------------
 
 
+@_settles
 def reset(s: CacheState) -> CacheState:
     """From quiescence (no live request): every transfer ends as a timeout, then the
     tree is emptied and every block is free. What storage holds survives."""
@@ -425,3 +494,68 @@ def reset(s: CacheState) -> CacheState:
         gpu_free=tuple(GpuBlock(g) for g in range(s.gpu_size)),
         cpu_free=tuple(CpuBlock(c) for c in range(s.cpu_size)),
     )
+
+
+# --- the actions as data: what an implementation reports, and a checker replays ----------
+
+
+@dataclass(frozen=True)
+class Match:
+    request: RequestId
+    hashes: tuple[BlockHash, ...]
+    swap_dests: tuple[GpuBlock, ...] = ()
+    prefetch_dests: tuple[GpuBlock, ...] = ()
+
+
+@dataclass(frozen=True)
+class Allocate:
+    request: RequestId
+    blocks: tuple[GpuBlock, ...]
+
+
+@dataclass(frozen=True)
+class Commit:
+    request: RequestId
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    request: RequestId
+    writes: tuple[tuple[BlockHash, GpuBlock], ...] = ()
+
+
+@dataclass(frozen=True)
+class Evict:
+    steps: tuple[EvictStep, ...]
+
+
+@dataclass(frozen=True)
+class Complete:
+    transfer: TransferId
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Reset:
+    pass
+
+
+CacheEvent = Match | Allocate | Commit | Release | Evict | Complete | Reset
+
+
+def apply_cache(s: CacheState, e: CacheEvent) -> CacheState:
+    """The cache action an event names, with the choices it carries."""
+    if isinstance(e, Match):
+        return match(s, e.request, e.hashes, e.swap_dests, e.prefetch_dests)
+    if isinstance(e, Allocate):
+        return allocate(s, e.request, e.blocks)
+    if isinstance(e, Commit):
+        return commit(s, e.request, e.hashes)
+    if isinstance(e, Release):
+        return release(s, e.request, e.writes)
+    if isinstance(e, Evict):
+        return evict(s, e.steps)
+    if isinstance(e, Complete):
+        return complete(s, e.transfer, e.outcome)
+    return reset(s)

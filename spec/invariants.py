@@ -1,41 +1,20 @@
-"""The safety invariants, one predicate per ID. Each returns its violations (empty = holds).
+"""The safety properties, one predicate per ID, each evaluated on a view (spec.view).
 
-Ownership is derived here: every structure that can hold a block makes a claim on
-it, and INV-CONSERVE demands exactly one claim per block.
+Each returns its violations (empty: it holds). A clause that needs a field the view
+does not have is skipped: a view of the full state checks everything; a view of an
+engine's observation checks what the engine exposes. `SAFETY` is the registry every
+checker goes through; nothing outside spec/ restates these definitions.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Multiset
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
-from kvoracle.spec.state import (
-    CacheState,
-    Observed,
-    Prefetch,
-    StorageWrite,
-    SwapIn,
-    SwapOut,
-    cpu_evictable,
-    gpu_evictable,
-    true_counters,
-)
-from kvoracle.spec.types import (
-    CpuBlock,
-    Free,
-    GpuBlock,
-    InFlight,
-    OnCpu,
-    OnGpu,
-    OwnedByNode,
-    OwnedByRequest,
-    Owner,
-    SwappingIn,
-    SwappingOut,
-    gpu_block_of,
-    gpu_side,
-)
+from kvoracle.spec.state import CacheState, blocks_for, cpu_evictable, gpu_evictable
+from kvoracle.spec.types import BlockHash, gpu_block_of, gpu_side
+from kvoracle.spec.view import FREE, TierView, View, node_name
 
 
 @dataclass(frozen=True)
@@ -47,85 +26,55 @@ class Violation:
         return f"{self.id}: {self.message}"
 
 
-# --- derived ownership --------------------------------------------------------------
-
-
-def gpu_claims(s: CacheState) -> dict[int, list[Owner]]:
-    """Every claim on every GPU block id (ids outside the tier included)."""
-    claims: dict[int, list[Owner]] = {}
-
-    def claim(g: int, o: Owner) -> None:
-        claims.setdefault(g, []).append(o)
-
-    for g in s.gpu_free:
-        claim(g, Free())
-    for h, n in s.nodes.items():
-        if isinstance(n.tier, OnGpu | SwappingOut):
-            claim(n.tier.gpu, OwnedByNode(h))
-    filling: set[tuple[int, int]] = set()  # (request, block) pairs a prefetch still owns
-    for tid, t in s.transfers.items():
-        if isinstance(t, SwapIn):
-            for _, _, g in t.items:
-                claim(g, InFlight(tid))
-        elif isinstance(t, Prefetch):
-            for _, g in t.items:
-                claim(g, InFlight(tid))
-                if t.request is not None:
-                    filling.add((t.request, g))
-        elif isinstance(t, StorageWrite):
-            for g in t.adopted:
-                claim(g, InFlight(tid))
-    for r, held in s.requests.items():
-        for g in held.private:
-            if (r, g) not in filling:
-                claim(g, OwnedByRequest(r))
+def owners(t: TierView, private: Mapping[str, tuple[int, ...]] | None) -> dict[int, list[str]] | None:
+    """Every claim on every block of the tier (ids outside the tier included), or None
+    when a structure that can hold blocks is not known. `private`: the GPU tier's
+    request-owned blocks ({} for a tier requests never hold directly)."""
+    if t.free is None or t.cached is None or t.in_flight is None or private is None:
+        return None
+    claims: dict[int, list[str]] = {}
+    for b in t.free:
+        claims.setdefault(b, []).append(FREE)
+    for m in (t.cached, t.in_flight):
+        for b, who in m.items():
+            claims.setdefault(b, []).extend(who)
+    for r, blocks in private.items():
+        for b in blocks:
+            claims.setdefault(b, []).append(f"request {r}")
     return claims
 
 
-def cpu_claims(s: CacheState) -> dict[int, list[Owner]]:
-    claims: dict[int, list[Owner]] = {}
-    for c in s.cpu_free:
-        claims.setdefault(c, []).append(Free())
-    for h, n in s.nodes.items():
-        if isinstance(n.tier, OnCpu | SwappingIn):
-            claims.setdefault(n.tier.cpu, []).append(OwnedByNode(h))
-    for tid, t in s.transfers.items():
-        if isinstance(t, SwapOut):
-            for _, _, c in t.items:
-                claims.setdefault(c, []).append(InFlight(tid))
-    return claims
+def _private_of(v: View, t: TierView) -> Mapping[str, tuple[int, ...]] | None:
+    return v.owned_privately() if t is v.gpu else {}
 
 
-# --- the invariants -------------------------------------------------------------
+# --- INV-TIER ---------------------------------------------------------------------------
 
 
-def inv_conserve(s: CacheState) -> list[Violation]:
-    """INV-CONSERVE: every block of each tier has exactly one owner."""
+def inv_tier(v: View) -> list[Violation]:
+    """INV-TIER: a GPU id never enters a CPU structure and vice versa: every id a tier's
+    structures hold is in that tier's range."""
     out: list[Violation] = []
-    for tier, size, claims in (("GPU", s.gpu_size, gpu_claims(s)), ("CPU", s.cpu_size, cpu_claims(s))):
-        for b in range(size):
-            owners = claims.get(b, [])
-            if len(owners) != 1:
-                what = ", ".join(map(_owner_text, owners)) or "nobody"
-                out.append(Violation("INV-CONSERVE", f"{tier} block {b} is owned by {what}"))
+    for t in v.tiers():
+        held: set[int] = set(t.free or ()) | set(t.cached or ()) | set(t.in_flight or ())
+        if t is v.gpu:
+            held |= {b for table in (v.tables or {}).values() for b in table}
+        for b in sorted(held):
+            if b not in t.ids:
+                out.append(Violation("INV-TIER", f"a {t.name} structure holds id {b}, outside "
+                                                 f"{t.ids.start}..{t.ids.stop - 1}"))
     return out
 
 
-def inv_refcount(s: CacheState) -> list[Violation]:
-    """INV-REFCOUNT: refcount(n) = live requests whose path holds n; a child never exceeds its parent."""
-    holders = Multiset(h for held in s.requests.values() for h in held.path)
-    out: list[Violation] = []
-    for h, n in s.nodes.items():
-        if n.refcount != holders[h]:
-            out.append(Violation("INV-REFCOUNT", f"node {h:#x} has refcount {n.refcount}, held by {holders[h]}"))
-        p = s.nodes.get(n.parent) if n.parent is not None else None
-        if p is not None and n.refcount > p.refcount:
-            out.append(Violation("INV-REFCOUNT", f"node {h:#x} refcount {n.refcount} > parent's {p.refcount}"))
-    return out
+# --- INV-TREE ---------------------------------------------------------------------------
 
 
-def inv_tree(s: CacheState) -> list[Violation]:
-    """INV-TREE: parents exist, paths are chains, GPU-side nodes have GPU-side parents."""
+def inv_tree(v: View) -> list[Violation]:
+    """INV-TREE: parents exist, GPU-side nodes have GPU-side parents, every request's
+    matched path is a chain from the root (one node per hash: nodes are keyed by it)."""
+    s = v.state
+    if s is None:
+        return []
     out: list[Violation] = []
     for h, n in s.nodes.items():
         if n.parent is None:
@@ -136,143 +85,251 @@ def inv_tree(s: CacheState) -> list[Violation]:
         elif gpu_side(n.tier) and not gpu_side(p.tier):
             out.append(Violation("INV-TREE", f"node {h:#x} is on the GPU side but its parent is on CPU"))
     for r, held in s.requests.items():
-        parent = None
+        parent: BlockHash | None = None
         for h in held.path:
             on_path = s.nodes.get(h)
             if on_path is None or on_path.parent != parent:
-                out.append(Violation("INV-TREE", f"request {r}'s path breaks at node {h:#x}"))
+                out.append(Violation("INV-TREE", f"request r{r}'s path breaks at node {h:#x}"))
                 break
             parent = h
     return out
 
 
-def inv_tier(s: CacheState) -> list[Violation]:
-    """INV-TIER: a GPU id never enters a CPU structure and vice versa (ids stay in their tier's range)."""
+# --- INV-NO-UAF ---------------------------------------------------------------------------
+
+
+def inv_no_uaf(v: View) -> list[Violation]:
+    """INV-NO-UAF: a block in a live request's table is neither free nor another
+    request's own block, and no request lists a node whose data left the GPU."""
     out: list[Violation] = []
-    for g in gpu_claims(s):
-        if not 0 <= g < s.gpu_size:
-            out.append(Violation("INV-TIER", f"GPU structure holds id {g}, outside 0..{s.gpu_size - 1}"))
-    for c in cpu_claims(s):
-        if not 0 <= c < s.cpu_size:
-            out.append(Violation("INV-TIER", f"CPU structure holds id {c}, outside 0..{s.cpu_size - 1}"))
+    if v.state is not None:
+        for rid, held in v.state.requests.items():
+            for h in held.path:
+                n = v.state.nodes.get(h)
+                if n is not None and gpu_block_of(n.tier) is None:
+                    out.append(Violation("INV-NO-UAF", f"request r{rid} lists {node_name(h)}, which is on CPU"))
+    if v.tables is None:
+        return out
+    free = set(v.gpu.free or ())
+    owner = {b: r for r, blocks in (v.owned_privately() or {}).items() for b in blocks}
+    for r, table in sorted(v.tables.items()):
+        for b in table:
+            if b in free:
+                out.append(Violation("INV-NO-UAF", f"request {r} lists GPU block {b}, which is on {FREE}"))
+            if owner.get(b, r) != r:
+                out.append(Violation("INV-NO-UAF", f"request {r} lists GPU block {b}, owned by request {owner[b]}"))
     return out
 
 
-def inv_no_uaf(s: CacheState) -> list[Violation]:
-    """INV-NO-UAF: a block in a live request's table is neither free nor another request's."""
-    claims = gpu_claims(s)
+# --- INV-PIN ------------------------------------------------------------------------------
+
+
+def inv_pin(v: View) -> list[Violation]:
+    """INV-PIN: a block an in-flight transfer reads is neither free nor handed to a
+    request it is not read for, and its pin count equals the transfers reading it."""
     out: list[Violation] = []
-    for r, held in s.requests.items():
-        for h in held.path:
-            n = s.nodes.get(h)
-            if n is not None and gpu_block_of(n.tier) is None:
-                out.append(Violation("INV-NO-UAF", f"request {r} lists node {h:#x}, which is on CPU"))
-        listed = [g for h in held.path if h in s.nodes for g in [gpu_block_of(s.nodes[h].tier)] if g is not None]
-        for g in [*listed, *held.private]:
-            for o in claims.get(g, []):
-                if isinstance(o, Free) or (isinstance(o, OwnedByRequest) and o.request != r):
-                    out.append(Violation("INV-NO-UAF", f"request {r} lists GPU block {g}, owned by {_owner_text(o)}"))
+    private = v.owned_privately() or {}
+    for t in v.tiers():
+        if t.reads is None:
+            continue
+        free = set(t.free or ())
+        owner = {b: r for r, blocks in (private if t is v.gpu else {}).items() for b in blocks}
+        for b, readers in sorted(t.reads.items()):
+            if b in free:
+                out.append(Violation("INV-PIN", f"{t.name} block {b} is free while a transfer reads it"))
+            if b in owner and owner[b] not in readers:
+                out.append(Violation("INV-PIN", f"{t.name} block {b} is read by a transfer but handed to "
+                                                f"request {owner[b]}"))
+        if t.pins is not None:
+            for b in sorted(set(t.pins) | set(t.reads)):
+                have, want = t.pins.get(b, 0), len(t.reads.get(b, ()))
+                if have != want:
+                    out.append(Violation("INV-PIN", f"{t.name} block {b} pinned {have}x, read by {want}"))
     return out
 
 
-def inv_pin(s: CacheState) -> list[Violation]:
-    """INV-PIN: pin counts equal the transfers reading each block; a pinned block is not free."""
-    want_gpu: Multiset[GpuBlock] = Multiset()
-    want_cpu: Multiset[CpuBlock] = Multiset()
-    for t in s.transfers.values():
-        if isinstance(t, SwapOut):
-            want_gpu.update(g for _, g, _ in t.items)
-        elif isinstance(t, StorageWrite):
-            want_gpu.update(g for _, g in t.items)
-        elif isinstance(t, SwapIn):
-            want_cpu.update(c for _, c, _ in t.items)
+# --- INV-CONSERVE -------------------------------------------------------------------------
+
+
+def inv_conserve(v: View) -> list[Violation]:
+    """INV-CONSERVE: every block of each tier has exactly one owner (the free list, a
+    cache node, a request, or an unfinished transfer); free lists hold no duplicates."""
     out: list[Violation] = []
-    sides: tuple[tuple[str, dict[int, int], dict[int, int], set[int]], ...] = (
-        ("GPU", _ints(s.gpu_pins), _ints(want_gpu), set(s.gpu_free)),
-        ("CPU", _ints(s.cpu_pins), _ints(want_cpu), set(s.cpu_free)),
-    )
-    for tier, have, want, free in sides:
-        for b in sorted(set(have) | set(want)):
-            if have.get(b, 0) != want.get(b, 0):
-                out.append(Violation("INV-PIN", f"{tier} block {b} pinned {have.get(b, 0)}x, read by {want.get(b, 0)}"))
-            if b in free and want.get(b, 0):
-                out.append(Violation("INV-PIN", f"{tier} block {b} is free while a transfer reads it"))
+    for t in v.tiers():
+        if t.free is not None:
+            dup = sorted(b for b, k in Multiset(t.free).items() if k > 1)
+            if dup:
+                out.append(Violation("INV-CONSERVE", f"{t.name} blocks {dup} are on {FREE} twice"))
+            if t.cached is not None:
+                both = sorted(set(t.free) & set(t.cached))
+                if both:
+                    out.append(Violation("INV-CONSERVE", f"{t.name} blocks {both} are both free and cached"))
+        claims = owners(t, _private_of(v, t))
+        if claims is None:
+            continue
+        for b in t.ids:
+            who = claims.get(b, [])
+            if len(who) != 1:
+                out.append(Violation("INV-CONSERVE", f"{t.name} block {b} is owned by {', '.join(who) or 'nobody'}"))
     return out
 
 
-def inv_heap_sound(s: CacheState, o: Observed) -> list[Violation]:
-    """INV-HEAP-SOUND: every heap entry is a live node."""
-    return [
-        Violation("INV-HEAP-SOUND", f"{tier} heap holds node {h:#x}, not in the tree")
-        for tier, found in (("GPU", o.gpu_findable), ("CPU", o.cpu_findable))
-        for h in sorted(found)
-        if h not in s.nodes
-    ]
+# --- INV-REFCOUNT -------------------------------------------------------------------------
 
 
-def inv_heap_complete(s: CacheState, o: Observed) -> list[Violation]:
-    """INV-HEAP-COMPLETE: every evictable node is findable by eviction."""
+def inv_refcount(v: View) -> list[Violation]:
+    """INV-REFCOUNT: refcount(n) = the live requests whose path holds n, never negative,
+    and a child's never exceeds its parent's. Without the tree, per cached block: the
+    engine's count equals the tables that list the block."""
+    if v.state is not None:
+        return _node_refcounts(v.state)
+    refs = v.gpu.refcounts
+    if refs is None:
+        return []
+    out: list[Violation] = []
+    negative = sorted(b for b, n in refs.items() if n < 0)
+    if negative:
+        out.append(Violation("INV-REFCOUNT", f"blocks {negative} have a negative reference count"))
+    if v.tables is not None:
+        holders = Multiset(b for t in v.tables.values() for b in set(t))
+        wrong = sorted((b, n, holders[b]) for b, n in refs.items() if n >= 0 and n != holders[b])
+        if wrong:
+            text = ", ".join(f"block {b}: {n} (held by {k})" for b, n, k in wrong)
+            out.append(Violation("INV-REFCOUNT", f"reference count differs from the live holders: {text}"))
+    return out
+
+
+def _node_refcounts(s: CacheState) -> list[Violation]:
+    holders = Multiset(h for held in s.requests.values() for h in held.path)
+    out: list[Violation] = []
+    for h, n in s.nodes.items():
+        if n.refcount != holders[h]:
+            out.append(Violation("INV-REFCOUNT", f"{node_name(h)} has refcount {n.refcount}, held by {holders[h]}"))
+        p = s.nodes.get(n.parent) if n.parent is not None else None
+        if p is not None and n.refcount > p.refcount:
+            out.append(Violation("INV-REFCOUNT", f"{node_name(h)} refcount {n.refcount} > parent's {p.refcount}"))
+    return out
+
+
+# --- INV-HEAP-SOUND, INV-HEAP-COMPLETE ----------------------------------------------------
+
+
+def inv_heap_sound(v: View) -> list[Violation]:
+    """INV-HEAP-SOUND: every LRU heap entry is a live node, and a node's in_heap flag is
+    set exactly when its tier's heap holds an entry for it."""
+    s = v.state
+    if s is None:
+        return []
+    out: list[Violation] = []
+    for tier, heap in (("GPU", s.gpu_heap), ("CPU", s.cpu_heap)):
+        for h in sorted(heap.entries - s.nodes.keys()):
+            out.append(Violation("INV-HEAP-SOUND", f"{tier} heap holds {node_name(h)}, not in the tree"))
+        for h in sorted(heap.flagged - heap.entries):
+            out.append(Violation("INV-HEAP-SOUND", f"{node_name(h)} is flagged in the {tier} heap but has no entry"))
+        for h in sorted(heap.entries - heap.flagged):
+            out.append(Violation("INV-HEAP-SOUND", f"{node_name(h)} has a {tier} heap entry but no flag"))
+    return out
+
+
+def inv_heap_complete(v: View) -> list[Violation]:
+    """INV-HEAP-COMPLETE: every evictable node is findable by eviction (has an entry)."""
+    s = v.state
+    if s is None:
+        return []
     out: list[Violation] = []
     for h in s.nodes:
-        if gpu_evictable(s, h) and h not in o.gpu_findable:
-            out.append(Violation("INV-HEAP-COMPLETE", f"node {h:#x} is evictable on GPU but no heap holds it"))
-        if cpu_evictable(s, h) and h not in o.cpu_findable:
-            out.append(Violation("INV-HEAP-COMPLETE", f"node {h:#x} is evictable on CPU but no heap holds it"))
+        if gpu_evictable(s, h) and h not in s.gpu_heap.entries:
+            out.append(Violation("INV-HEAP-COMPLETE", f"{node_name(h)} is evictable on GPU but no heap holds it"))
+        if cpu_evictable(s, h) and h not in s.cpu_heap.entries:
+            out.append(Violation("INV-HEAP-COMPLETE", f"{node_name(h)} is evictable on CPU but no heap holds it"))
     return out
 
 
-def inv_counters(s: CacheState, o: Observed) -> list[Violation]:
-    """INV-COUNTERS: every reported counter equals what the structures hold."""
-    true = true_counters(s)
+# --- INV-COUNTERS -------------------------------------------------------------------------
+
+
+def inv_counters(v: View) -> list[Violation]:
+    """INV-COUNTERS: every counter an implementation reports equals the recount."""
     return [
-        Violation("INV-COUNTERS", f"{name} reported {getattr(o.counters, name)}, structures hold {getattr(true, name)}")
-        for name in ("gpu_free", "cpu_free", "gpu_evictable", "cpu_evictable", "gpu_in_use")
-        if getattr(o.counters, name) != getattr(true, name)
+        Violation("INV-COUNTERS", f"{name} reported {got}, the structures hold {real}")
+        for t in v.tiers()
+        for name, (got, real) in sorted(t.counters.items())
+        if got != real
     ]
 
 
-STATE_INVARIANTS: dict[str, Callable[[CacheState], list[Violation]]] = {
+# --- INV-REQUEST --------------------------------------------------------------------------
+
+
+def inv_request(v: View) -> list[Violation]:
+    """INV-REQUEST: each live request is either queued, holding no blocks, or running,
+    holding a table that covers every token whose KV it has computed; an exited
+    request holds nothing."""
+    if v.tables is None or v.live is None:
+        return []
+    out: list[Violation] = []
+    queued = v.queued if v.queued is not None else v.live - set(v.tables)
+    stray = sorted(set(v.tables) - v.live)
+    if stray:
+        out.append(Violation("INV-REQUEST", f"requests {stray} hold blocks but are not live"))
+    missing = sorted(v.live - set(v.tables) - queued)
+    if missing:
+        out.append(Violation("INV-REQUEST", f"requests {missing} are running but hold no blocks"))
+    holding = sorted(set(v.tables) & queued)
+    if holding:
+        out.append(Violation("INV-REQUEST", f"queued requests {holding} hold blocks"))
+    for r, table in sorted(v.tables.items()):
+        need = blocks_for((v.computed or {}).get(r, 0), v.block_size)
+        if len(table) < need:
+            out.append(Violation("INV-REQUEST", f"request {r} holds {len(table)} blocks for {need} blocks of "
+                                                f"computed tokens"))
+    return out
+
+
+# --- INV-CONTENT --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a block must hold: `want`, the fingerprint of the prefix it stands for;
+    `have`, the fingerprint read from the block pool."""
+
+    tier: str
+    block: int
+    want: int
+    have: int
+
+
+def inv_content(blocks: Sequence[Content]) -> list[Violation]:
+    """INV-CONTENT: every block reachable through the tree or a ready request's table
+    holds the data of exactly the prefix it stands for."""
+    return [Violation("INV-CONTENT", f"{c.tier} block {c.block} holds {c.have:#018x}, its prefix needs {c.want:#018x}")
+            for c in blocks if c.have != c.want]
+
+
+# --- the registry -------------------------------------------------------------------------
+
+# Most specific first, so that a report leads with the cause, not a symptom.
+SAFETY: dict[str, Callable[[View], list[Violation]]] = {
     "INV-TIER": inv_tier,
     "INV-TREE": inv_tree,
     "INV-NO-UAF": inv_no_uaf,
+    "INV-PIN": inv_pin,
     "INV-CONSERVE": inv_conserve,
     "INV-REFCOUNT": inv_refcount,
-    "INV-PIN": inv_pin,
-}
-OBSERVED_INVARIANTS: dict[str, Callable[[CacheState, Observed], list[Violation]]] = {
+    "INV-REQUEST": inv_request,
     "INV-HEAP-SOUND": inv_heap_sound,
     "INV-HEAP-COMPLETE": inv_heap_complete,
     "INV-COUNTERS": inv_counters,
 }
 
 
-ORDER = ("INV-TIER", "INV-TREE", "INV-NO-UAF", "INV-CONSERVE", "INV-REFCOUNT", "INV-PIN",
-         "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS")
+def check(v: View) -> list[Violation]:
+    """Every safety property the view allows, the most specific first."""
+    return [found for predicate in SAFETY.values() for found in predicate(v)]
 
 
 def by_severity(found: list[Violation]) -> list[Violation]:
-    """Most specific first, so that a report leads with the cause, not a symptom."""
-    rank = {k: i for i, k in enumerate(ORDER)}
-    return sorted(found, key=lambda v: rank.get(v.id, len(ORDER)))
-
-
-def check(s: CacheState, o: Observed | None = None) -> list[Violation]:
-    """Every invariant, in a fixed order (the most specific first)."""
-    out = [v for inv in STATE_INVARIANTS.values() for v in inv(s)]
-    if o is not None:
-        out += [v for inv in OBSERVED_INVARIANTS.values() for v in inv(s, o)]
-    return out
-
-
-def _ints(m: Mapping[GpuBlock, int] | Mapping[CpuBlock, int]) -> dict[int, int]:
-    return {int(k): v for k, v in m.items()}
-
-
-def _owner_text(o: Owner) -> str:
-    if isinstance(o, OwnedByRequest):
-        return f"request {o.request}"
-    if isinstance(o, OwnedByNode):
-        return f"node {o.node:#x}"
-    if isinstance(o, InFlight):
-        return f"transfer {o.transfer}"
-    return "the free list"
+    """Violations in registry order (a stable sort: within an ID, as found)."""
+    rank = {k: i for i, k in enumerate(SAFETY)}
+    return sorted(found, key=lambda x: rank.get(x.id, len(SAFETY)))

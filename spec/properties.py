@@ -1,25 +1,41 @@
-"""Every property of the specification, by its stable ID, with its one-line meaning.
-
-docs/model.md defines each in full; tests/test_docs.py keeps the two in step.
+"""Every property of the specification by its stable ID: its one-line meaning, and the
+one predicate that defines it. docs/model.md explains each in full; tests/test_docs.py
+keeps the three in step and checks that no checker restates a definition.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvoracle.spec import invariants, liveness
 
 SAFETY: dict[str, str] = {
     "INV-CONSERVE": "every block of each tier has exactly one owner; free lists hold no duplicates",
     "INV-REFCOUNT": "refcount(n) = live requests whose path holds n; never negative; child <= parent",
-    "INV-HEAP-SOUND": "every LRU heap entry is a live node and agrees with the node's in_heap flag",
+    "INV-HEAP-SOUND": "every LRU heap entry is a live node; a node's in_heap flag is set exactly when it has an entry",
     "INV-HEAP-COMPLETE": "every evictable node is findable by eviction",
-    "INV-TREE": "parent/child links agree; no two nodes share a hash; GPU-side nodes have GPU-side parents",
+    "INV-TREE": "parents exist; paths are chains; GPU-side nodes have GPU-side parents",
     "INV-TIER": "a GPU id never enters a CPU structure and vice versa",
-    "INV-NO-UAF": "no block of a live request's table is free or another request's private block",
-    "INV-PIN": "pin counts equal the transfers reading a block; a pinned block is not free",
-    "INV-REQUEST": "each request is in exactly one state; only a running request holds blocks",
+    "INV-NO-UAF": "no block of a live request's table is free or another request's own block",
+    "INV-PIN": "a block an in-flight transfer reads is not free nor handed to another request; pins = readers",
+    "INV-REQUEST": "a live request is queued holding nothing, or running with a table covering its computed tokens",
     "INV-COUNTERS": "every reported counter equals what the structures hold",
-    "INV-CONTENT": "every block reachable through the tree or a request's table holds its prefix's fingerprint",
+    "INV-CONTENT": "every block reachable through the tree or a request's table holds its prefix's data",
 }
 LIVENESS: dict[str, str] = {
-    "LIVE-DRAIN": "releasing, completing and evicting everything frees every block, in bounded steps",
+    "LIVE-DRAIN": "ending, completing and evicting everything frees every block, in bounded steps",
     "LIVE-EXIT": "each exit path returns the request's blocks within that step or when its transfer ends",
-    "LIVE-EVICT": "with evictable nodes, eviction makes progress; a failed transfer never disables it",
-    "LIVE-TRANSFER": "every transfer completes or times out",
+    "LIVE-EVICT": "with evictable nodes, eviction makes progress and never raises",
+    "LIVE-TRANSFER": "every transfer completes or times out within the timeout, on the checker's clock",
 }
 PROPERTIES: dict[str, str] = {**SAFETY, **LIVENESS}
+
+# The predicate that defines each ID (its docstring starts with the ID).
+DEFINED_BY: dict[str, Callable[..., object]] = {
+    **invariants.SAFETY,
+    "INV-CONTENT": invariants.inv_content,
+    "LIVE-DRAIN": liveness.drained,
+    "LIVE-EXIT": liveness.live_exit,
+    "LIVE-EVICT": liveness.live_evict,
+    "LIVE-TRANSFER": liveness.live_transfer,
+}

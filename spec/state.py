@@ -1,14 +1,16 @@
-"""The abstract state of the cache layer.
+"""VARIABLES and Init: the state of the cache layer (CacheState) and of the whole
+system a scheduler runs on it (System).
 
 Maps are plain dicts inside frozen dataclasses and are never mutated: every action
-builds new ones. Ownership is not stored but derived (see `invariants.claims`), so a
-broken implementation state (a block claimed twice, or by nobody) is representable
-and INV-CONSERVE can say so.
+builds new ones. Ownership is not stored but derived (spec.view builds each block's
+claims from the structures that hold it), so a broken implementation state (a block
+claimed twice, or by nobody) is representable and INV-CONSERVE can say so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Mapping
 
 from kvoracle.spec.types import (
@@ -22,6 +24,8 @@ from kvoracle.spec.types import (
     TransferId,
     gpu_side,
 )
+
+# --- the cache layer ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,19 @@ Transfer = SwapOut | SwapIn | StorageWrite | Prefetch
 
 
 @dataclass(frozen=True)
+class Heap:
+    """One tier's LRU heap, as eviction sees it (lazy deletion): the nodes it holds an
+    entry for, and the nodes whose in_heap flag says they have one. An entry may be
+    stale (its node no longer evictable); eviction then drops it and clears the flag."""
+
+    entries: frozenset[BlockHash] = frozenset()
+    flagged: frozenset[BlockHash] = frozenset()
+
+
+NO_HEAP = Heap()
+
+
+@dataclass(frozen=True)
 class CacheState:
     gpu_size: int
     cpu_size: int
@@ -89,33 +106,12 @@ class CacheState:
     gpu_pins: Mapping[GpuBlock, int] = field(default_factory=dict)  # only non-zero counts
     cpu_pins: Mapping[CpuBlock, int] = field(default_factory=dict)
     next_transfer: int = 0
-
-
-@dataclass(frozen=True)
-class Counters:
-    """The counters an implementation reports (INV-COUNTERS compares them with the state)."""
-
-    gpu_free: int
-    cpu_free: int
-    gpu_evictable: int
-    cpu_evictable: int
-    gpu_in_use: int
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What an implementation exposes beyond the state: its heaps' reach and its counters.
-
-    `*_findable` are the nodes eviction can reach (entries of the LRU heaps). They are
-    policy, so refinement does not compare them; the two heap invariants constrain them.
-    """
-
-    gpu_findable: frozenset[BlockHash]
-    cpu_findable: frozenset[BlockHash]
-    counters: Counters
+    gpu_heap: Heap = NO_HEAP
+    cpu_heap: Heap = NO_HEAP
 
 
 def initial(gpu_size: int, cpu_size: int) -> CacheState:
+    """Init of the cache layer: every block free, nothing cached, nothing in flight."""
     return CacheState(
         gpu_size=gpu_size,
         cpu_size=cpu_size,
@@ -124,7 +120,45 @@ def initial(gpu_size: int, cpu_size: int) -> CacheState:
     )
 
 
-# --- derived views used by actions and invariants --------------------------------
+# --- the system: requests and time on top of the cache -------------------------------
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue after a preemption
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+QUEUED = (Status.WAITING, Status.PREEMPTED)
+EXITED = (Status.FINISHED, Status.ABORTED)
+
+
+@dataclass(frozen=True)
+class Request:
+    status: Status
+    tokens: tuple[int, ...]  # the prompt, then the tokens decoded so far
+    computed: int = 0  # tokens whose KV is computed (or being filled by a swap-in or prefetch)
+    admissions: int = 0  # times admitted so far (re-admission follows a preemption)
+
+
+@dataclass(frozen=True)
+class System:
+    cache: CacheState
+    requests: Mapping[RequestId, Request]
+    block_size: int
+    timeout: int  # ticks an unanswered transfer may stay in flight (LIVE-TRANSFER)
+    now: int = 0
+    started: Mapping[TransferId, int] = field(default_factory=dict)  # tick each in-flight transfer began
+
+
+def initial_system(gpu_size: int, cpu_size: int, block_size: int, timeout: int) -> System:
+    """Init of the system: the initial cache, no request, time 0."""
+    return System(initial(gpu_size, cpu_size), {}, block_size, timeout)
+
+
+# --- derived views used by actions and properties -------------------------------------
 
 
 def children(s: CacheState, h: BlockHash | None) -> list[BlockHash]:
@@ -149,11 +183,6 @@ def cpu_evictable(s: CacheState, h: BlockHash) -> bool:
     return not children(s, h)
 
 
-def true_counters(s: CacheState) -> Counters:
-    return Counters(
-        gpu_free=len(s.gpu_free),
-        cpu_free=len(s.cpu_free),
-        gpu_evictable=sum(1 for h in s.nodes if gpu_evictable(s, h)),
-        cpu_evictable=sum(1 for h in s.nodes if cpu_evictable(s, h)),
-        gpu_in_use=s.gpu_size - len(s.gpu_free),
-    )
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks a table needs to hold `tokens` tokens."""
+    return -(-tokens // block_size)

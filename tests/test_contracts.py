@@ -24,19 +24,16 @@ from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec import actions
 from kvoracle.spec.hashing import block_hashes
-from kvoracle.spec.invariants import gpu_claims
+from kvoracle.spec.invariants import owners
+from kvoracle.spec.view import FREE, of_cache, request_name, transfer_name
 from kvoracle.spec.state import CacheState, initial
 from kvoracle.spec.types import (
     BlockHash,
     Error,
-    Free,
     GpuBlock,
-    InFlight,
     Ok,
     OnGpu,
     Outcome,
-    OwnedByNode,
-    OwnedByRequest,
     Partial,
     RequestId,
     Timeout,
@@ -235,7 +232,7 @@ def test_heap_kernels_agree(ops: list[tuple[str, int]]) -> None:
             alive[i] = nodes[i].alive = False
             evictable[i] = False
         else:
-            got = real.pop_evictable(lambda n: evictable[index[id(n)]])
+            got = real.pop_evictable(lambda n: evictable[index[id(n)]], [])
             heap, in_heap, found = c.pop_kernel(heap, in_heap, alive, evictable, last)
             assert (-1 if got is None else index[id(got)]) == found
         in_order = sorted(real._entries, key=lambda e: (e[0], e[1]))  # (stamp, push order)
@@ -263,22 +260,16 @@ def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> Non
 
 def owner_map(s: CacheState, r: RequestId, write: TransferId | None) -> list[int]:
     """The kernel's owner codes for every GPU block of s (each has exactly one owner)."""
-    claims = gpu_claims(s)
+    v = of_cache(s)
+    claims = owners(v.gpu, v.owned_privately()) or {}
+    codes = {FREE: c.FREE, f"request {request_name(r)}": c.REQUEST}
+    if write is not None:
+        codes[transfer_name(write)] = c.WRITE
     out = []
     for g in range(s.gpu_size):
-        owners = claims.get(g, [])
-        assert len(owners) == 1, f"block {g}: {owners}"
-        o = owners[0]
-        if isinstance(o, Free):
-            out.append(c.FREE)
-        elif isinstance(o, OwnedByNode):
-            out.append(c.NODE)
-        elif isinstance(o, OwnedByRequest) and o.request == r:
-            out.append(c.REQUEST)
-        elif isinstance(o, InFlight) and o.transfer == write:
-            out.append(c.WRITE)
-        else:
-            out.append(c.OTHER)
+        who = claims.get(g, [])
+        assert len(who) == 1, f"block {g}: {who}"
+        out.append(c.NODE if who[0].startswith("node ") else codes.get(who[0], c.OTHER))
     return out
 
 

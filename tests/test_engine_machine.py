@@ -14,7 +14,8 @@ import pytest
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.oracle.campaign import run_machine
 from kvoracle.kvcache.errors import DoubleFree
-from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, check, drained
+from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, check, view_of
+from kvoracle.spec.liveness import drained
 from kvoracle.oracle.engine_campaign import engine_machine, run_engine
 from kvoracle.oracle.cache_machine import prompt
 from kvoracle.oracle.engines import ENGINES, EngineUnavailable, adapter_class
@@ -73,7 +74,7 @@ def test_checks_name_what_is_broken() -> None:
     ids = {v.id for v in check(o, {"a": 3, "b": 1}, block_size=2)}
     assert ids == {"INV-CONSERVE", "INV-NO-UAF", "INV-REFCOUNT", "INV-COUNTERS", "INV-REQUEST"}
     assert check(Observation(ids=range(1, 3), free=(1, 2), tables={}, cached=frozenset()), {}, 2) == []
-    assert [v.id for v in drained(Observation(ids=range(4), free=(0, 1), evictable=(2,)))] == ["LIVE-DRAIN"]
+    assert [v.id for v in drained(view_of(Observation(ids=range(4), free=(0, 1), evictable=(2,))))] == ["LIVE-DRAIN"]
 
 
 def test_every_operation_and_bad_input_is_driven() -> None:

@@ -14,30 +14,18 @@ import pytest
 from kvoracle.spec import actions
 from kvoracle.spec.actions import Drop, EvictCpu, PreconditionError, SwapOutTo
 from kvoracle.spec.hashing import block_hash, block_hashes
-from kvoracle.spec.invariants import (
-    Violation,
-    check,
-    inv_conserve,
-    inv_counters,
-    inv_heap_complete,
-    inv_heap_sound,
-    inv_no_uaf,
-    inv_pin,
-    inv_refcount,
-    inv_tier,
-    inv_tree,
-)
+from kvoracle.spec import invariants
+from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import (
     CacheState,
+    Heap,
     Holding,
-    Observed,
     StorageWrite,
     SwapOut,
-    cpu_evictable,
     gpu_evictable,
     initial,
-    true_counters,
 )
+from kvoracle.spec.view import View, of_cache, true_counters
 from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
@@ -50,6 +38,7 @@ from kvoracle.spec.types import (
     Partial,
     RequestId,
     SwappingOut,
+    Tier,
     Timeout,
     TransferId,
 )
@@ -61,13 +50,23 @@ HS = block_hashes([1, 2, 3, 4, 5, 6], 2)  # three chained full blocks
 OTHER = block_hashes([7, 8], 2)[0]  # a root block unrelated to HS
 
 
-def observed(s: CacheState) -> Observed:
-    """What a correct implementation would report for `s`."""
-    return Observed(
-        gpu_findable=frozenset(h for h in s.nodes if gpu_evictable(s, h)),
-        cpu_findable=frozenset(h for h in s.nodes if cpu_evictable(s, h)),
-        counters=true_counters(s),
-    )
+def on_state(predicate: Callable[[View], list[Violation]]) -> Callable[[CacheState], list[Violation]]:
+    """A spec predicate evaluated on the complete view of a state."""
+    return lambda s: predicate(of_cache(s))
+
+
+inv_conserve, inv_refcount, inv_tree, inv_tier, inv_no_uaf, inv_pin, inv_heap_complete, inv_heap_sound, check = map(
+    on_state, (invariants.inv_conserve, invariants.inv_refcount, invariants.inv_tree, invariants.inv_tier,
+               invariants.inv_no_uaf, invariants.inv_pin, invariants.inv_heap_complete, invariants.inv_heap_sound,
+               invariants.check))
+
+
+def counted(s: CacheState, off: str = "") -> View:
+    """The view with every counter an implementation keeps, `off` reported one too many."""
+    true = true_counters(s)
+    reported = {k: (n + (k == off), n) for k, n in true.items()}
+    return of_cache(s, {k: v for k, v in reported.items() if k.startswith("gpu")},
+                    {k: v for k, v in reported.items() if k.startswith("cpu")})
 
 
 def ids(found: list[Violation]) -> set[str]:
@@ -139,14 +138,14 @@ def test_extra_keys_change_every_hash() -> None:
 def test_initial_state_satisfies_every_invariant() -> None:
     s = initial(4, 2)
     assert len(s.gpu_free) == 4 and len(s.cpu_free) == 2
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_match_on_empty_tree_takes_no_hits() -> None:
     s = actions.match(initial(4, 2), R0, HS)
     assert s.requests[R0] == Holding((), ())
     assert s.transfers == {} and len(s.gpu_free) == 4
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_second_match_after_release_takes_gpu_hits_and_refcounts() -> None:
@@ -159,7 +158,7 @@ def test_second_match_after_release_takes_gpu_hits_and_refcounts() -> None:
     ]
     for step in steps:
         s = step(s)
-        assert check(s, observed(s)) == []
+        assert check(s) == []
     assert s.requests[R1] == Holding(HS[:2], ())
     assert [s.nodes[h].refcount for h in HS[:2]] == [1, 1]
     assert actions.table(s, R1) == (G(0), G(1))
@@ -175,7 +174,7 @@ def test_commit_stops_at_first_hash_already_in_tree() -> None:
     s = actions.commit(s, R1, HS[:2])
     assert s.requests[R1] == Holding((), (G(1), G(2)))
     assert set(s.nodes) == {HS[0]}
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_commit_makes_nodes_in_order_chained_to_the_path() -> None:
@@ -216,7 +215,7 @@ def test_precondition_violation_raises(action: str, call: Callable[[], CacheStat
 def test_drop_is_allowed_once_cpu_tier_has_no_room() -> None:
     s = actions.evict(cached(cpu=0), [Drop(HS[1])])
     assert HS[1] not in s.nodes and G(1) in s.gpu_free
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 # --- eviction and completion ---------------------------------------------------------------
@@ -226,7 +225,7 @@ def swapped_out() -> CacheState:
     s = actions.evict(cached(), [SwapOutTo(HS[1], C(0))])
     assert s.nodes[HS[1]].tier == SwappingOut(G(1), C(0))
     assert s.transfers == {T0: SwapOut(((HS[1], G(1), C(0)),))} and s.gpu_pins == {G(1): 1}
-    assert check(s, observed(s)) == []
+    assert check(s) == []
     return s
 
 
@@ -235,7 +234,7 @@ def test_swap_out_ok_moves_node_to_cpu_and_frees_gpu_block() -> None:
     assert s.nodes[HS[1]].tier == OnCpu(C(0))
     assert G(1) in s.gpu_free and C(0) not in s.cpu_free
     assert s.gpu_pins == {} and s.transfers == {}
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_swap_out_error_keeps_node_on_gpu_and_frees_cpu_block() -> None:
@@ -243,7 +242,7 @@ def test_swap_out_error_keeps_node_on_gpu_and_frees_cpu_block() -> None:
     assert s.nodes[HS[1]].tier == OnGpu(G(1))
     assert G(1) not in s.gpu_free and C(0) in s.cpu_free
     assert s.gpu_pins == {}
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_partial_swap_out_moves_only_the_leading_items() -> None:
@@ -253,7 +252,7 @@ def test_partial_swap_out_moves_only_the_leading_items() -> None:
     assert s.nodes[HS[0]].tier == OnCpu(C(0)) and s.nodes[OTHER].tier == OnGpu(G(1))
     assert G(0) in s.gpu_free and G(1) not in s.gpu_free
     assert C(0) not in s.cpu_free and C(1) in s.cpu_free
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 def test_partial_beyond_item_count_is_rejected() -> None:
@@ -278,7 +277,7 @@ def test_release_with_write_adopts_private_blocks_until_complete() -> None:
     assert G(1) not in s.gpu_free and s.gpu_pins == {G(0): 1, G(1): 1}
     assert s.requests == {} and s.nodes[HS[0]].refcount == 0
     assert not gpu_evictable(s, HS[0])  # pinned by the write
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 @pytest.mark.parametrize(
@@ -291,7 +290,7 @@ def test_write_completion_frees_adopted_blocks_and_stores_done_hashes(outcome: O
     assert s.stored == stored
     assert G(1) in s.gpu_free and s.gpu_pins == {} and s.transfers == {}
     assert gpu_evictable(s, HS[0])
-    assert check(s, observed(s)) == []
+    assert check(s) == []
 
 
 # --- each invariant detects a hand-broken state -------------------------------------------
@@ -299,7 +298,7 @@ def test_write_completion_frees_adopted_blocks_and_stores_done_hashes(outcome: O
 
 def test_busy_state_is_valid() -> None:
     s = busy()
-    assert check(s, observed(s)) == []
+    assert check(s) == []
     assert s.gpu_pins == {G(3): 1} and s.gpu_free == (G(4), G(5))
 
 
@@ -390,42 +389,56 @@ def test_inv_pin_detects_free_block_read_by_transfer() -> None:
     assert any("free while a transfer reads it" in v.message for v in inv_pin(s))
 
 
+def test_settle_offers_every_evictable_node_to_its_heap() -> None:
+    s = cached()
+    assert s.gpu_heap == Heap(frozenset({HS[1]}), frozenset({HS[1]}))  # the leaf; its parent has a GPU child
+    s = actions.complete(swapped_out(), T0, Ok())
+    assert s.cpu_heap.entries == {HS[1]}
+
+
 def test_inv_heap_complete_detects_unfindable_evictable_node() -> None:
     s = cached()
-    o = observed(s)
-    assert o.gpu_findable == {HS[1]}
-    assert inv_heap_complete(s, o) == []
-    assert ids(inv_heap_complete(s, replace(o, gpu_findable=frozenset()))) == {"INV-HEAP-COMPLETE"}
+    assert inv_heap_complete(s) == []
+    assert ids(inv_heap_complete(replace(s, gpu_heap=Heap()))) == {"INV-HEAP-COMPLETE"}
 
 
 def test_inv_heap_complete_detects_unfindable_cpu_leaf() -> None:
     s = actions.complete(swapped_out(), T0, Ok())
-    o = observed(s)
-    assert o.cpu_findable == {HS[1]}
-    assert ids(inv_heap_complete(s, replace(o, cpu_findable=frozenset()))) == {"INV-HEAP-COMPLETE"}
+    assert ids(inv_heap_complete(replace(s, cpu_heap=Heap()))) == {"INV-HEAP-COMPLETE"}
 
 
-def test_inv_heap_sound_detects_dead_node() -> None:
+def test_inv_heap_sound_detects_dead_node_and_flags_that_disagree() -> None:
     s = cached()
-    o = observed(s)
-    assert inv_heap_sound(s, o) == []
-    assert ids(inv_heap_sound(s, replace(o, gpu_findable=o.gpu_findable | {OTHER}))) == {"INV-HEAP-SOUND"}
-    assert ids(inv_heap_sound(s, replace(o, cpu_findable=frozenset({OTHER})))) == {"INV-HEAP-SOUND"}
+    h = s.gpu_heap
+    assert inv_heap_sound(s) == []
+    dead = replace(s, gpu_heap=Heap(h.entries | {OTHER}, h.flagged | {OTHER}))
+    assert ids(inv_heap_sound(dead)) == {"INV-HEAP-SOUND"}
+    dropped = replace(s, gpu_heap=Heap(frozenset(), h.flagged))  # the heap-drop bug: flag kept, entry gone
+    assert any("flagged" in v.message for v in inv_heap_sound(dropped))
+    unflagged = replace(s, gpu_heap=Heap(h.entries, frozenset()))
+    assert any("no flag" in v.message for v in inv_heap_sound(unflagged))
+
+
+def test_stale_entry_is_popped_and_the_node_offered_again() -> None:
+    s = cached()
+    s = actions.match(s, R1, HS[:2])  # the leaf is shared again: its entry goes stale
+    assert HS[1] in s.gpu_heap.entries and not gpu_evictable(s, HS[1])
+    s = actions.evict(s, [actions.SkipStale(HS[1], Tier.GPU)])
+    assert HS[1] not in s.gpu_heap.entries | s.gpu_heap.flagged
+    s = actions.release(s, R1)
+    assert HS[1] in s.gpu_heap.entries  # evictable again: offered again
 
 
 @pytest.mark.parametrize("name", ["gpu_free", "cpu_free", "gpu_evictable", "cpu_evictable", "gpu_in_use"])
 def test_inv_counters_detects_each_wrong_counter(name: str) -> None:
     s = cached()
-    o = observed(s)
-    wrong = replace(o, counters=replace(o.counters, **{name: getattr(o.counters, name) + 1}))
-    assert inv_counters(s, o) == []
-    found = inv_counters(s, wrong)
+    assert invariants.inv_counters(counted(s)) == []
+    found = invariants.inv_counters(counted(s, name))
     assert ids(found) == {"INV-COUNTERS"} and len(found) == 1 and name in found[0].message
 
 
-def test_check_runs_observed_invariants_only_when_given_observed() -> None:
+def test_check_runs_counter_checks_only_when_counters_are_reported() -> None:
     s = cached()
-    broken = replace(s, gpu_free=(*s.gpu_free, G(0)))
-    o = replace(observed(s), gpu_findable=frozenset())
-    assert ids(check(broken)) == {"INV-CONSERVE"}
-    assert ids(check(broken, o)) == {"INV-CONSERVE", "INV-HEAP-COMPLETE", "INV-COUNTERS"}
+    broken = replace(s, gpu_free=(*s.gpu_free, G(0)), gpu_heap=Heap())
+    assert ids(check(broken)) == {"INV-CONSERVE", "INV-HEAP-COMPLETE"}
+    assert ids(invariants.check(counted(broken, "gpu_free"))) == {"INV-CONSERVE", "INV-HEAP-COMPLETE", "INV-COUNTERS"}

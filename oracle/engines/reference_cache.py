@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kvoracle.kvcache.abstraction import abstract, check_invariants, observe
+from kvoracle.kvcache.abstraction import abstract, audit, view
 from kvoracle.kvcache.errors import (
     BlockOutOfRange,
     DoubleFree,
@@ -24,59 +24,82 @@ from kvoracle.oracle.tiered import Blocks, Matched, Pending
 from kvoracle.spec.actions import EvictStep
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState
-from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, OnCpu, OnGpu, Ok, Outcome, Partial, RequestId, TransferId
+from kvoracle.spec.types import (
+    BlockHash,
+    CpuBlock,
+    GpuBlock,
+    Ok,
+    OnCpu,
+    OnGpu,
+    Outcome,
+    Partial,
+    RequestId,
+    SwappingIn,
+    SwappingOut,
+    TransferId,
+)
 
 
-def _transfer_blocks(cache: CacheManager) -> tuple[set[GpuBlock], set[CpuBlock]]:
-    """Blocks in-flight transfers hold: sources they read, destinations they fill,
-    and blocks a storage write adopted from a request that ended."""
-    gpu: set[GpuBlock] = set()
-    cpu: set[CpuBlock] = set()
+def _transfer_blocks(cache: CacheManager) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Blocks in-flight transfers read (GPU, CPU) and own (GPU, CPU): a swap-out reads its
+    GPU source and fills a CPU block, a swap-in the reverse, a write reads and owns the
+    blocks it took over from a request that ended, a prefetch fills GPU blocks."""
+    gpu_reads: list[int] = []
+    cpu_reads: list[int] = []
+    gpu_owned: list[int] = []
+    cpu_owned: list[int] = []
     for job in cache.jobs.values():
         if isinstance(job, SwapOutJob):
-            gpu.update(g for _, g, _ in job.items)
-            cpu.update(c for _, _, c in job.items)
+            gpu_reads += [g for _, g, _ in job.items]
+            cpu_owned += [c for _, _, c in job.items]
         elif isinstance(job, SwapInJob):
-            cpu.update(c for _, c, _ in job.items)
-            gpu.update(g for _, _, g in job.items)
+            cpu_reads += [c for _, c, _ in job.items]
+            gpu_owned += [g for _, _, g in job.items]
         elif isinstance(job, WriteJob):
-            gpu.update([*(g for _, g in job.items), *job.adopted])
+            gpu_reads += [g for _, g in job.items]
+            gpu_owned += job.adopted
         else:
-            gpu.update(g for _, g in job.items)
-    return gpu, cpu
+            gpu_owned += [g for _, g in job.items]
+    return gpu_reads, cpu_reads, gpu_owned, cpu_owned
 
 
 def gpu_observation(c: CacheManager) -> Observation:
-    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu)]
-    block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu)}
+    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu | SwappingOut)]
+    block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu | SwappingOut)}
+    reads, _, owned, _ = _transfer_blocks(c)
+    tables = {f"r{r}": tuple(c.table(r)) for r in c.requests}
+    listed = {g for table in tables.values() for g in table}
     return Observation(
         ids=range(c.gpu.size),
         free=tuple(c.gpu.free_blocks()),
-        evictable=tuple(sorted(block[n.hash] for n in nodes if n.refcount == 0)),
-        tables={f"r{r}": tuple(c.table(r)) for r in c.requests},
+        evictable=tuple(sorted(block[n.hash] for n in nodes if c.is_gpu_evictable(n))),
+        tables=tables,
         cached=frozenset(block.values()),
         refcounts={block[n.hash]: n.refcount for n in nodes},
         counters={
             "gpu.num_free": (c.gpu.num_free, sum(c.gpu.is_free(b) for b in range(c.gpu.size))),
             "gpu_evictable": (c.gpu_evictable, sum(c.is_gpu_evictable(n) for n in c.tree.walk())),
         },
-        pinned=frozenset(_transfer_blocks(c)[0]),
+        pinned=frozenset(reads),
+        in_flight=tuple(g for g in owned if g not in listed),  # a block a live request lists is its own
     )
 
 
 def cpu_observation(c: CacheManager) -> Observation:
-    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnCpu)]
+    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnCpu | SwappingIn)]
+    _, reads, _, owned = _transfer_blocks(c)
     return Observation(
         ids=range(c.cpu.size),
         free=tuple(c.cpu.free_blocks()),
-        evictable=tuple(sorted(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu) and n.refcount == 0)),
+        evictable=tuple(sorted(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu) and c.is_cpu_evictable(n))),
         tables={},
-        cached=frozenset(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu)),
+        cached=frozenset(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu | SwappingIn)),
         counters={
             "cpu.num_free": (c.cpu.num_free, sum(c.cpu.is_free(b) for b in range(c.cpu.size))),
             "cpu_evictable": (c.cpu_evictable, sum(c.is_cpu_evictable(n) for n in c.tree.walk())),
         },
-        pinned=frozenset(_transfer_blocks(c)[1]),
+        pinned=frozenset(reads),
+        in_flight=tuple(owned),
     )
 
 
@@ -185,10 +208,10 @@ class ReferenceCache:
         return cpu_observation(self.cache)
 
     def snapshot(self) -> object:
-        return abstract(self.cache), observe(self.cache)
+        return view(self.cache)
 
     def abstract(self) -> CacheState | None:
         return abstract(self.cache)
 
     def invariants(self) -> list[Violation]:
-        return check_invariants(self.cache)
+        return audit(self.cache)  # the machine evaluates spec/ on the abstraction and observations itself

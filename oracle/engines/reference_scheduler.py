@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from kvoracle.kvcache.abstraction import abstract, check_invariants
+from kvoracle.kvcache.abstraction import abstract, audit
 from kvoracle.kvcache.errors import (
     DuplicateRequest,
     EmptyRequest,
@@ -21,11 +21,12 @@ from kvoracle.kvcache.pool import default_backend, make_pool
 from kvoracle.kvcache.storage import MemoryStorage
 from kvoracle.oracle.engine import BadInput, Observation
 from kvoracle.oracle.engines.reference_cache import cpu_observation, gpu_observation
-from kvoracle.scheduler.content import KVPools, inv_content
+from kvoracle.scheduler.content import KVPools, content
 from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.scheduler import SchedulerState, Status
+from kvoracle.spec.scheduler import Event
+from kvoracle.spec.state import Request, Status, System
 from kvoracle.spec.types import RequestId
 
 
@@ -97,8 +98,7 @@ class ReferenceScheduler:
         self.rm.tick(n)
 
     def evict_all(self) -> None:
-        self.rm.cache.evict_cpu(self.cpu_blocks)
-        self.rm._evict(self.gpu_blocks)
+        self.rm.evict_all()
 
     def bad_call(self, kind: BadInput) -> bool:
         call = self._bad_calls().get(kind)
@@ -137,8 +137,8 @@ class ReferenceScheduler:
     def waiting(self) -> list[RequestId]:
         return list(self.rm.waiting)
 
-    def transfers(self) -> int:
-        return len(self.rm.in_flight())
+    def transfers(self) -> list[object]:
+        return list(self.rm.in_flight())
 
     def faults_injected(self) -> int:
         return sum(self.rm.storage.injected.values()) + sum(self.rm.copier.injected.values())
@@ -157,15 +157,21 @@ class ReferenceScheduler:
     def snapshot(self) -> object:
         return abstract(self.rm.cache), self.statuses()
 
-    def state(self) -> SchedulerState | None:
+    def state(self) -> System | None:
         rm = self.rm
-        return SchedulerState(abstract(rm.cache), self.statuses(), dict(rm.started), rm.now, self.timeout)
+        requests = {r: Request(q.status, tuple(q.tokens), len(q.tokens) if q.status is Status.RUNNING else 0,
+                               q.admissions) for r, q in rm.requests.items()}
+        return System(abstract(rm.cache), requests, self.block_size, self.timeout, rm.now, dict(rm.started))
+
+    def events(self) -> list[Event] | None:
+        taken, self.rm.events = self.rm.events, []
+        return taken
 
     def invariants(self) -> list[Violation]:
-        return check_invariants(self.rm.cache)
+        return audit(self.rm.cache)  # the machine evaluates spec/ on the abstraction and observations itself
 
     def content(self) -> list[Violation]:
         rm = self.rm
         assert rm.pools is not None
         ready = [r for r in rm.running if rm.cache.ready(r)]
-        return inv_content(rm.cache, rm.pools, {r: (list(rm.cache.table(r)), rm.seeds(r)) for r in ready})
+        return content(rm.cache, rm.pools, {r: (list(rm.cache.table(r)), rm.seeds(r)) for r in ready})

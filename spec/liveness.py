@@ -1,0 +1,149 @@
+"""The liveness properties, each in the bounded form the checkers evaluate, with the
+fairness it assumes. Like the safety predicates, each is evaluated on views (or on the
+checker's own record of time), so a checker that sees less checks less, never
+something else.
+
+LIVE-EXIT     Fairness: none; an exit is one step. Bounded form: within the exit step.
+LIVE-TRANSFER Fairness: time advances (ticks keep coming). Bounded form: no transfer is
+              in flight for more than `timeout` ticks of the checker's own clock.
+LIVE-EVICT    Fairness: none. Bounded form: one eviction call, when evictable nodes
+              exist and it is asked for at least one block, evicts at least one, and
+              does not raise.
+LIVE-DRAIN    Fairness: every request can be ended, every transfer eventually
+              answers, eviction runs. Bounded form: from the state at hand, the drain
+              (abort every live request, complete every transfer, evict every
+              evictable node, repeated) frees every block of both tiers within
+              `drain_bound` rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
+
+from kvoracle.spec import scheduler
+from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SkipStale, SwapOutTo
+from kvoracle.spec.invariants import Violation, owners
+from kvoracle.spec.state import CacheState, Status, System, cpu_evictable, gpu_evictable
+from kvoracle.spec.types import Ok, Tier
+from kvoracle.spec.view import FREE, View, of_system
+
+K = TypeVar("K")
+
+
+def live_exit(before: View, after: View, r: str) -> list[Violation]:
+    """LIVE-EXIT: after r's exit step, r holds nothing, and every block its table listed
+    is free, a cache node's, another live request's, or owned by a transfer that will
+    free it."""
+    if before.tables is None or after.tables is None or r not in before.tables:
+        return []
+    out: list[Violation] = []
+    if r in after.tables:
+        out.append(Violation("LIVE-EXIT", f"request {r} still holds blocks {list(after.tables[r])} after its exit"))
+    claims = owners(after.gpu, after.owned_privately())
+    if claims is None:
+        return out
+    for b in before.tables[r]:
+        who = claims.get(b, [])
+        if not who:
+            out.append(Violation("LIVE-EXIT", f"GPU block {b} of request {r} was lost on exit: nobody owns it"))
+        elif f"request {r}" in who:
+            out.append(Violation("LIVE-EXIT", f"GPU block {b} is still owned by exited request {r}"))
+    return out
+
+
+def exit_cut_short(call: str, error: BaseException) -> Violation:
+    """LIVE-EXIT: an exception escaped a call that ends requests; their exit path stopped there."""
+    return Violation("LIVE-EXIT", f"{call} raised {error!r}: its exit path was cut short")
+
+
+def still_running(r: str, call: str) -> Violation:
+    """LIVE-EXIT: a request the call was to end is still running after it."""
+    return Violation("LIVE-EXIT", f"request {r} is still running after {call}")
+
+
+def live_transfer(started: Mapping[K, int], now: int, timeout: int) -> list[Violation]:
+    """LIVE-TRANSFER: no transfer has been in flight for more than `timeout` ticks.
+    `started` is the checker's own record of when it first saw each transfer."""
+    return [Violation("LIVE-TRANSFER", f"transfer {t} in flight for {now - at} ticks (timeout {timeout})")
+            for t, at in sorted(started.items(), key=lambda kv: str(kv[0])) if now - at > timeout]
+
+
+def live_evict(before: CacheState | None, evictable: int, need: int, steps: Sequence[EvictStep] | None,
+               raised: BaseException | None = None) -> list[Violation]:
+    """LIVE-EVICT: an eviction asked for `need` > 0 blocks, with `evictable` nodes there to
+    take (counted on `before` when the state is known), evicts at least one and never
+    raises. `steps` None: the evictions were not reported (only `raised` is judged)."""
+    if raised is not None:
+        return [Violation("LIVE-EVICT", f"eviction raised {raised!r}")]
+    if before is not None:
+        evictable = sum(1 for h in before.nodes if gpu_evictable(before, h))
+    if need <= 0 or not evictable or steps is None:
+        return []
+    if any(isinstance(step, SwapOutTo | Drop) for step in steps):
+        return []
+    return [Violation("LIVE-EVICT", f"{evictable} evictable nodes exist but none was evicted")]
+
+
+def drained(v: View, in_flight: int = 0) -> list[Violation]:
+    """LIVE-DRAIN: after the drain, every block of every tier is on the free list and
+    no transfer is in flight (`in_flight`: how many the engine still has)."""
+    out: list[Violation] = []
+    if in_flight:
+        out.append(Violation("LIVE-DRAIN", f"after draining, {in_flight} transfers are still in flight"))
+    for t in v.tiers():
+        if t.free is None:
+            continue
+        left = len(t.ids) - len(set(t.free) & set(t.ids))
+        if left:
+            out.append(Violation("LIVE-DRAIN", f"after draining, {left} of {len(t.ids)} {t.name} blocks are not "
+                                               f"on {FREE}"))
+    return out
+
+
+def drain_bound(gpu_blocks: int, cpu_blocks: int, requests: int) -> int:
+    """The rounds the drain may take: each round ends or frees at least one thing."""
+    return 4 * (gpu_blocks + cpu_blocks + requests) + 8
+
+
+def drain_step(s: System) -> System | None:
+    """One step of the drain, or None when it has nothing left to do: abort a live
+    request, else complete a transfer (ok), else evict: a CPU heap entry first, then a
+    GPU one (stale entries are popped; a swap-out goes to a free CPU block)."""
+    alive = scheduler.live(s)
+    if alive:
+        return scheduler.exit_request(s, alive[0], Status.ABORTED)
+    if s.cache.transfers:
+        return scheduler.complete(s, min(s.cache.transfers), Ok())
+    step = _eviction(s.cache)
+    return None if step is None else scheduler.evict(s, [step])
+
+
+def _eviction(c: CacheState) -> EvictStep | None:
+    if c.cpu_heap.entries:
+        h = min(c.cpu_heap.entries)
+        return EvictCpu(h) if cpu_evictable(c, h) else SkipStale(h, Tier.CPU)
+    if c.gpu_heap.entries:
+        h = min(c.gpu_heap.entries)
+        if not gpu_evictable(c, h):
+            return SkipStale(h, Tier.GPU)
+        return SwapOutTo(h, c.cpu_free[0]) if c.cpu_free else Drop(h)
+    return None
+
+
+def drain(s: System) -> Iterator[System]:
+    """The states the drain passes through, from s's successor on."""
+    nxt = drain_step(s)
+    while nxt is not None:
+        yield nxt
+        nxt = drain_step(nxt)
+
+
+def live_drain(s: System, bound: int) -> list[Violation]:
+    """LIVE-DRAIN from s, in at most `bound` drain steps (the spec's own drain)."""
+    last, steps = s, 0
+    for last in drain(s):
+        steps += 1
+        if steps > bound:
+            return [Violation("LIVE-DRAIN", f"the drain took more than {bound} steps")]
+    return drained(of_system(last), len(last.cache.transfers))
