@@ -26,6 +26,12 @@ class OutOfBlocks(KVCacheError):
         self.free = free
 
 
+class InvalidLimit(KVCacheError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"match limit must be >= 0, got {limit}")
+        self.limit = limit
+
+
 class UnknownRequest(KVCacheError):
     def __init__(self, request: int, why: str = "holds no blocks") -> None:
         super().__init__(f"request {request} {why}")

@@ -2,7 +2,7 @@
 
 A node that stops being evictable keeps its entry (O(1)); eviction recognises the
 stale entry when it pops it (O(log n)). The stale path is hot, and it is exactly
-where FastDeploy's seed bug lived: a popped stale entry must leave the node
+where FastDeploy's dropped-heap-node bug lived: a popped stale entry must leave the node
 findable again, here by clearing its `in_heap` flag so that the node is offered
 anew the moment it becomes evictable.
 """

@@ -15,6 +15,7 @@ from kvoracle.kvcache.allocator import B, BlockAllocator
 from kvoracle.kvcache.errors import (
     DuplicateRequest,
     HashMismatch,
+    InvalidLimit,
     InvalidOutcome,
     NotQuiescent,
     NotReady,
@@ -177,7 +178,7 @@ class CacheManager:
         if r in self.requests:
             raise DuplicateRequest(r)
         if limit is not None and limit < 0:
-            raise ValueError(f"match limit must be >= 0, got {limit}")
+            raise InvalidLimit(limit)
         path = self._walk_gpu(hashes)
         budget = self.gpu.num_free if limit is None else min(limit, self.gpu.num_free)
         cpu_run = self._cpu_run(path[-1] if path else self.tree.root, hashes[len(path) :], budget)

@@ -330,7 +330,7 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 def drain(m: CacheMachine, bound: int) -> int:
-    """LIVE-DRAIN: release everything, complete every transfer, evict everything, in
+    """The drain LIVE-DRAIN judges: release everything, complete every transfer, evict everything, in
     rounds; every block must be free within `bound` rounds. Returns the rounds used."""
     e = m.engine
     for _ in sorted(m.live):

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
+from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput
-from kvoracle.oracle.scheduler_machine import _fault
+from kvoracle.oracle.scheduler_machine import _faults
 from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
 
@@ -51,8 +53,10 @@ def run_machine(
         test()
     except PropertyViolated as e:
         found = e
-    except Flaky as e:  # pragma: no cover - reported, never hidden
-        raise RuntimeError(f"flaky machine run: {e}") from e
+    except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
+        found = unexpected(e)
+    except Exception as e:  # the system under test (or its adapter) raised where no check expected it
+        found = unexpected(e)
     if found is None:
         return RunResult(True, None, (), time.perf_counter() - start)
     # Outside the except block: teardown skips its drain check while an exception is handled.
@@ -73,6 +77,14 @@ def run_seeds(
     return result
 
 
+def unexpected(e: BaseException) -> PropertyViolated:
+    """An exception no check turned into a verdict (from the engine, its adapter, or a
+    teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to."""
+    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {e!r}")])
+    found.__notes__ = list(getattr(e, "__notes__", []))
+    return found
+
+
 _CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")
 
 
@@ -84,16 +96,18 @@ def counterexample_steps(e: BaseException) -> tuple[str, ...]:
 
 def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> PropertyViolated | None:
     """Run a printed program again on a fresh machine; the violation it ends in, if any."""
-    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_fault": _fault, "BadInput": BadInput}
-    state = machine()
+    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput}
     try:
+        state = machine()
         for step in steps:
             eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
         state.teardown()
     except PropertyViolated as e:
         return e
-    except Exception:  # a different failure: not the one being minimised
+    except (NameError, SyntaxError):  # not a program this machine can replay
         return None
+    except Exception as e:  # an unexpected exception replays as the finding it was reported as
+        return unexpected(e)
     return None
 
 
@@ -114,9 +128,15 @@ def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], first_i
     return tuple(best)
 
 
-_DRAWN_FAULT = re.compile(r"_fault\((\d+)\)")
+_DRAWN_FAULTS = re.compile(r"_faults\((\d+)\)")
 
 
 def readable(step: str) -> str:
     """A printed step with each drawn fault shown as the fault it is."""
-    return _DRAWN_FAULT.sub(lambda m: str(_fault(int(m.group(1)))), step.removeprefix("state."))
+    return _DRAWN_FAULTS.sub(lambda m: _shown(_faults(int(m.group(1)))), step.removeprefix("state."))
+
+
+def _shown(faults: Sequence[Fault]) -> str:
+    """The faults a step injects, up to the last real one (later I/O calls succeed)."""
+    last = max((i for i, f in enumerate(faults) if f.kind is not FaultKind.OK), default=-1)
+    return "[" + ", ".join(str(f) for f in faults[: last + 1]) + "]"

@@ -174,7 +174,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 def drain(m: EngineMachine) -> None:
-    """LIVE-DRAIN: finish everything, evict everything; every block must be free."""
+    """The drain LIVE-DRAIN judges: finish everything, evict everything; every block must be free."""
     while m.live:
         m.finish(0)
     if m.supports(Op.EVICT):

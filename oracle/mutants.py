@@ -40,7 +40,7 @@ class Mutant:
         return "cache" if self.scheduler_class is None else "scheduler"
 
 
-# --- 1: shared node popped from the LRU heap and dropped (FastDeploy seed bug a) -------
+# --- 1: shared node popped from the LRU heap and dropped (FastDeploy's dropped heap node, fixed by PR 7807) -------
 
 
 class ForgetfulHeap(LeafHeap):
@@ -145,7 +145,7 @@ class WedgedEviction(CacheManager):
 
 
 CACHE_MUTANTS: tuple[Mutant, ...] = (
-    Mutant("heap-drop", 1, "Shared node popped from the LRU heap and dropped (seed bug a)",
+    Mutant("heap-drop", 1, "Shared node popped from the LRU heap and dropped: FastDeploy's dropped heap node",
            "LeafHeap._drop_stale keeps the node's in_heap flag",
            frozenset({"INV-HEAP-SOUND", "INV-HEAP-COMPLETE"}), HeapDrop),
     Mutant("double-free", 4, "Double free accepted",
@@ -166,7 +166,7 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
 
 
 
-# --- 2: storage write raises, free skipped (FastDeploy seed bug b) -----------------------
+# --- 2: storage write raises, free skipped (FastDeploy PR 7807, "free blocks even if AS write failed") -----------------------
 
 
 class _WriteBeforeRelease(ResourceManager):
@@ -252,10 +252,10 @@ class LateFree(ResourceManager):
 
 
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
-    Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (seed bug b)",
+    Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
            frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnFinish),
-    Mutant("write-raise-preempt", 2, "Storage write raises on preempt, free skipped (seed bug b)",
+    Mutant("write-raise-preempt", 2, "Storage write raises on preempt, free skipped (FastDeploy PR 7807)",
            "preempt writes synchronously before release and lets the error escape",
            frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnPreempt),
     Mutant("write-raise-batch", 2, "One failing write stops the rest of a finish batch",

@@ -83,5 +83,5 @@ class SchedulerAdapter(Protocol):
         """The cache's invariants and the engine's own structural checks."""
         ...
     def content(self) -> list[Violation]:
-        """INV-CONTENT: every ready request's blocks hold the bytes of its tokens."""
+        """What spec's INV-CONTENT says of every ready request's blocks (their bytes against its tokens)."""
         ...

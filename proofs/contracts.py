@@ -6,7 +6,7 @@ asserts (its preconditions); any assert that fails after them is a counterexampl
 Chosen over PEP 316 docstrings (icontract and deal are not installed) because the
 conditions stay ordinary Python: `mypy --strict` checks them, they run on every
 concrete call (tests/test_contracts.py executes them on real cases), they can call
-shared helpers (a seed-bug variant reuses its correct twin's postcondition), and a
+shared helpers (a FastDeploy-bug variant reuses its correct twin's postcondition), and a
 failing postcondition names its property ID in the message CrossHair prints. The
 cost: `python -O` strips asserts, so never run these checks with -O.
 
@@ -97,7 +97,7 @@ def free_kernel(free: list[int], size: int, batch: list[int]) -> tuple[list[int]
 
 
 def allocate(free: list[int], size: int, n: int) -> tuple[list[int], list[int]]:
-    """INV-CONSERVE: each block ends up in exactly one of rest, taken and the blocks
+    """Lemma for INV-CONSERVE: each block ends up in exactly one of rest, taken and the blocks
     in use before; taken holds n distinct blocks, or nothing when n cannot be met."""
     assert 0 <= size <= MAX_BLOCKS and len(free) <= size
     assert _distinct(free) and _in_range(free, size)
@@ -115,7 +115,7 @@ def allocate(free: list[int], size: int, n: int) -> tuple[list[int], list[int]]:
 
 
 def free_batch(free: list[int], size: int, batch: list[int]) -> tuple[list[int], bool]:
-    """INV-CONSERVE, INV-TIER: a batch of distinct in-range blocks, none free, joins the
+    """Lemma for INV-CONSERVE, INV-TIER: a batch of distinct in-range blocks, none free, joins the
     free list, which keeps no duplicates; any other batch changes nothing."""
     assert 0 <= size <= MAX_BLOCKS and len(free) <= size and len(batch) <= MAX_BLOCKS
     assert _distinct(free) and _in_range(free, size)
@@ -187,7 +187,7 @@ def _check_refs(parent: list[int], ref: list[int], holders: list[int]) -> None:
 
 
 def take_refs(parent: list[int], ref: list[int], holders: list[int], leaf: int) -> list[int]:
-    """INV-REFCOUNT: a request matching the path to `leaf` takes one reference on each
+    """Lemma for INV-REFCOUNT: a request matching the path to `leaf` takes one reference on each
     node of it; refcounts then count the holders again, child <= parent."""
     assert len(parent) <= MAX_BLOCKS and len(ref) == len(parent) and len(holders) <= 3
     assert _refs_ok(parent, holders) and -1 <= leaf < len(parent)
@@ -198,7 +198,7 @@ def take_refs(parent: list[int], ref: list[int], holders: list[int], leaf: int) 
 
 
 def drop_refs(parent: list[int], ref: list[int], holders: list[int], j: int) -> list[int]:
-    """INV-REFCOUNT: live request j exits and drops one reference on each node of its
+    """Lemma for INV-REFCOUNT: live request j exits and drops one reference on each node of its
     path; dropping only what was taken, no refcount goes negative, child <= parent."""
     assert len(parent) <= MAX_BLOCKS and len(ref) == len(parent) and len(holders) <= 3
     assert _refs_ok(parent, holders) and 0 <= j < len(holders)
@@ -257,7 +257,7 @@ def pop_kernel(
     return entries, flags, -1
 
 
-def pop_kernel_seed_bug_a(
+def pop_kernel_heap_drop(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
 ) -> tuple[Heap, list[bool], int]:
     """Seed bug a (oracle.mutants.ForgetfulHeap): a stale entry is dropped but the node
@@ -313,7 +313,7 @@ def _dead_not_evictable(alive: list[bool], evictable: list[bool]) -> bool:
 def heap_offer(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int], node: int
 ) -> tuple[Heap, list[bool]]:
-    """INV-HEAP-COMPLETE: offering a node that just became evictable (CacheManager._settle)
+    """Lemma for INV-HEAP-COMPLETE: offering a node that just became evictable (CacheManager._settle)
     makes it findable, whether or not a popped stale entry once cleared its flag."""
     assert _heap_shape(heap, in_heap, alive, evictable, last) and 0 <= node < len(alive)
     assert alive[node] and evictable[node] and _dead_not_evictable(alive, evictable)
@@ -345,7 +345,7 @@ def _check_pop(
 def heap_pop(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
 ) -> tuple[Heap, list[bool], int]:
-    """INV-HEAP-SOUND, INV-HEAP-COMPLETE, LIVE-EVICT: pop returns the least recently
+    """Lemma for INV-HEAP-SOUND, INV-HEAP-COMPLETE, LIVE-EVICT: pop returns the least recently
     used evictable node when there is one, and every other evictable node stays
     findable; a stale entry's node is left with in_heap cleared, to be offered again."""
     assert _heap_shape(heap, in_heap, alive, evictable, last) and _dead_not_evictable(alive, evictable)
@@ -355,13 +355,13 @@ def heap_pop(
     return popped
 
 
-def heap_pop_seed_bug_a(
+def heap_pop_heap_drop(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
 ) -> tuple[Heap, list[bool], int]:
-    """heap_pop's contract over seed bug a's pop: CrossHair must find it broken."""
+    """heap_pop's contract over the heap-drop pop (FastDeploy's dropped heap node): CrossHair must find it broken."""
     assert _heap_shape(heap, in_heap, alive, evictable, last) and _dead_not_evictable(alive, evictable)
     assert not heap_violation(heap, in_heap, alive, evictable, last, exempt=-1)
-    popped = pop_kernel_seed_bug_a(heap, in_heap, alive, evictable, last)
+    popped = pop_kernel_heap_drop(heap, in_heap, alive, evictable, last)
     _check_pop(heap, in_heap, alive, evictable, last, popped)
     return popped
 
@@ -429,7 +429,7 @@ def exit_kernel(
     return ExitResult(end_own, end_pin, end_own, end_pin, stored)
 
 
-def exit_kernel_seed_bug_b(
+def exit_kernel_write_raise(
     owner: list[int], pins: list[int], private: list[int], written: list[int], outcome: int, done: int, late: bool
 ) -> ExitResult:
     """Seed bug b (oracle.mutants._WriteBeforeRelease): the write runs synchronously
@@ -508,7 +508,7 @@ def _every_outcome(
 
 
 def exit_request(n_path: int, n_private: int, others: list[int], pins: list[int], written: list[bool]) -> None:
-    """LIVE-EXIT, INV-CONSERVE, INV-PIN, LIVE-TRANSFER (see check_exit): after finish,
+    """Lemma for LIVE-EXIT, INV-CONSERVE, INV-PIN, LIVE-TRANSFER (see check_exit): after finish,
     abort or preempt, whatever the storage write does. The request's table is n_path
     node blocks then n_private private ones; `others` are the owners (free, node or
     other) of the remaining blocks; `written` says which blocks of the table the write
@@ -524,13 +524,13 @@ def exit_request(n_path: int, n_private: int, others: list[int], pins: list[int]
     _every_outcome(exit_kernel, n_path, n_private, others, pins, written)
 
 
-def exit_request_seed_bug_b(
+def exit_request_write_raise(
     n_path: int, n_private: int, others: list[int], pins: list[int], written: list[bool]
 ) -> None:
-    """exit_request's contract over seed bug b's exit: CrossHair must find it broken."""
+    """exit_request's contract over the write-raise exit (FastDeploy PR 7807): CrossHair must find it broken."""
     assert 0 <= n_path and 0 <= n_private and n_path + n_private + len(others) <= MAX_BLOCKS
     assert len(pins) == n_path + n_private + len(others) and len(written) == n_path + n_private
     assert all(o in (FREE, NODE, OTHER) for o in others) and all(p >= 0 for p in pins)
     assert all(pins[g] == 0 for g in range(n_path, n_path + n_private))
     assert all(pins[n_path + n_private + i] == 0 for i in range(len(others)) if others[i] == FREE)
-    _every_outcome(exit_kernel_seed_bug_b, n_path, n_private, others, pins, written)
+    _every_outcome(exit_kernel_write_raise, n_path, n_private, others, pins, written)

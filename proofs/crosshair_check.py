@@ -38,8 +38,8 @@ OBLIGATIONS: dict[str, tuple[str, ...]] = {
 }
 # Deliberately broken variants: not run by default; CrossHair must find each one.
 SEED_BUGS: dict[str, tuple[str, ...]] = {
-    "heap_pop_seed_bug_a": ("INV-HEAP-COMPLETE",),
-    "exit_request_seed_bug_b": ("LIVE-EXIT",),
+    "heap_pop_heap_drop": ("INV-HEAP-COMPLETE",),
+    "exit_request_write_raise": ("LIVE-EXIT",),
 }
 
 _MESSAGE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>error|info|warning): (?P<text>.*)$")

@@ -294,7 +294,7 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             return report(key, found)
         drained = _drain(s, drains, bound)
         if drained < 0:
-            return report(key, [Violation("LIVE-DRAIN", "the drain from this state does not free every block")])
+            return report(key, liveness.live_drain(s, bound))
         longest = max(longest, drained)
         for step, nxt in _successors(model, s):
             transitions += 1

@@ -62,7 +62,7 @@ def model_rows(scope: Scope, max_states: int, progress: Callable[[int, int], Non
 
 
 def mutant_rows(scope: Scope) -> list[Row]:
-    """The seed bugs' mutated models must be refuted, with a short trace."""
+    """The FastDeploy bugs' mutated specifications must be refuted, with a short trace."""
     out = []
     for name in MUTATIONS:
         r = explore(scope, name)
@@ -120,7 +120,7 @@ def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
     for checked in (scope, CHUNKED_SCOPE):
         say(f"model check: {checked.describe()}")
         rows += model_rows(checked, max_states=max_states)
-    say("model check of the seed-bug mutants")
+    say("model check of the FastDeploy-bug mutants")
     rows += mutant_rows(MUTANT_SCOPE)
     say("Hypothesis machines on the reference")
     rows += machine_rows(max(1, examples * per_100 // 100))

@@ -53,13 +53,9 @@ def live_exit(before: View, after: View, r: str) -> list[Violation]:
 
 
 def exit_cut_short(call: str, error: BaseException) -> Violation:
-    """LIVE-EXIT: an exception escaped a call that ends requests; their exit path stopped there."""
+    """An exception escaped a call that ends requests: under LIVE-EXIT, their exit
+    paths stopped there."""
     return Violation("LIVE-EXIT", f"{call} raised {error!r}: its exit path was cut short")
-
-
-def still_running(r: str, call: str) -> Violation:
-    """LIVE-EXIT: a request the call was to end is still running after it."""
-    return Violation("LIVE-EXIT", f"request {r} is still running after {call}")
 
 
 def live_transfer(started: Mapping[K, int], now: int, timeout: int) -> list[Violation]:

@@ -1,5 +1,5 @@
 """The CrossHair contracts of proofs/: the default targets find no counterexample, the
-seed-bug variants are found, and every kernel agrees with the code it mirrors."""
+FastDeploy-bug variants are found, and every kernel agrees with the code it mirrors."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ HS = block_hashes([1, 2, 3, 4, 5, 6], 2)  # three chained full blocks
 
 
 # --- CrossHair ---------------------------------------------------------------------------
-# CrossHair finds the seed bugs in about 1 s, but needed about 5 s for deeper planted bugs
+# CrossHair finds FastDeploy's bugs in about 1 s, but needed about 5 s for deeper planted bugs
 # (an exit that keeps two adopted blocks on error; a pop that ignores re-use since the
 # push): the checks here give each condition 10 s, the CI scope of `kvoracle prove` 3 s.
 SEARCH_S = 10.0
@@ -72,11 +72,11 @@ def test_default_targets_find_no_counterexample() -> None:
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("exit_request_seed_bug_b", "LIVE-EXIT: on raise, block"),
-        ("heap_pop_seed_bug_a", "INV-HEAP-COMPLETE"),
+        ("exit_request_write_raise", "LIVE-EXIT: on raise, block"),
+        ("heap_pop_heap_drop", "INV-HEAP-COMPLETE"),
     ],
 )
-def test_crosshair_finds_the_seed_bugs(target: str, message: str) -> None:
+def test_crosshair_finds_the_fastdeploy_bugs(target: str, message: str) -> None:
     (result,) = cc.check([target], per_condition_timeout=SEARCH_S, total_timeout=60.0)
     print(_table([result]))
     assert result.verdict == cc.COUNTEREXAMPLE, _table([result])
@@ -84,11 +84,11 @@ def test_crosshair_finds_the_seed_bugs(target: str, message: str) -> None:
     assert result.property_ids == cc.SEED_BUGS[target]
 
 
-def test_seed_bug_b_counterexample_replays() -> None:
+def test_write_raise_counterexample_replays() -> None:
     """The counterexample CrossHair prints, as a plain regression test: one private
     block, written, and the write raises; the correct exit frees it."""
     with pytest.raises(AssertionError, match="LIVE-EXIT: on raise, block 0 of the request is request"):
-        c.exit_request_seed_bug_b(0, 1, [], [0], [True])
+        c.exit_request_write_raise(0, 1, [], [0], [True])
     c.exit_request(0, 1, [], [0], [True])
     got = c.exit_kernel([c.REQUEST], [0], [0], [0], c.RAISE, 0, False)
     assert got.owner_step == got.owner_end == [c.FREE]
@@ -243,7 +243,7 @@ def test_heap_kernels_agree(ops: list[tuple[str, int]]) -> None:
 
 
 def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> None:
-    """INV-HEAP-COMPLETE on the path of seed bug a: node 0's entry is stale (it was
+    """INV-HEAP-COMPLETE on the path of FastDeploy's dropped heap node: node 0's entry is stale (it was
     shared again), pop drops it, the node becomes evictable, the offer re-adds it."""
     heap: c.Heap = [(1, 0), (2, 1)]
     alive, last = [True, True], [1, 2]
@@ -252,7 +252,7 @@ def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> Non
     heap, flags = c.heap_offer(heap, flags, alive, [True, False], last, 0)
     assert heap == [(1, 0)] and flags == [True, False]
     with pytest.raises(AssertionError, match="INV-HEAP-COMPLETE"):
-        c.heap_pop_seed_bug_a([(1, 0)], [True], [True], [False], [1])
+        c.heap_pop_heap_drop([(1, 0)], [True], [True], [False], [1])
 
 
 # --- the exit kernel agrees with spec/ and with the resource manager --------------------------

@@ -68,7 +68,7 @@ def test_mutant_page_is_fresh() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_model_shows_the_generated_counterexample_of_seed_bug_b() -> None:
+def test_model_shows_the_generated_counterexample_of_the_write_raise() -> None:
     """docs/model.md copies the steps of write-raise-finish from the generated mutants.md."""
     model = (ROOT / "docs" / "model.md").read_text()
     mutants = (ROOT / "docs" / "mutants.md").read_text()

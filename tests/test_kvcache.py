@@ -13,6 +13,7 @@ from kvoracle.kvcache.errors import (
     DoubleFree,
     DuplicateRequest,
     HashMismatch,
+    InvalidLimit,
     InvalidOutcome,
     KVCacheError,
     NotQuiescent,
@@ -361,6 +362,7 @@ BAD_INPUTS: list[tuple[type[KVCacheError], Callable[[CacheManager, TransferId], 
     (NotReady, lambda c, t: c.commit(R1, HS[:2])),
     (NotQuiescent, lambda c, t: c.reset()),
     (OutOfBlocks, lambda c, t: c.allocate(R1, c.gpu.num_free + 1)),
+    (InvalidLimit, lambda c, t: c.match(R2, HS, limit=-1)),
 ]
 
 

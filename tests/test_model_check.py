@@ -1,5 +1,5 @@
 """The bounded model check of spec/: the CI scope (storage and re-admission) holds
-exhaustively; chunked prefill and decode hold in a smaller scope; the seed bugs'
+exhaustively; chunked prefill and decode hold in a smaller scope; FastDeploy's bugs'
 mutated specifications are refuted with short traces, under the same IDs the machines
 report; the symmetry reduction is sound."""
 
@@ -28,12 +28,12 @@ def test_chunked_prefill_and_decode_hold_exhaustively() -> None:
     assert report.passed and report.states > 5_000, report.violation
 
 
-# The ID each seed bug is reported with: the same the machines report first (docs/proofs.md).
+# The ID each FastDeploy bug is reported with: the same the machines report first (docs/proofs.md).
 FIRST_ID = {"heap-drop": "INV-HEAP-SOUND", "write-raise-finish": "LIVE-EXIT", "write-raise-preempt": "LIVE-EXIT"}
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTATIONS))
-def test_seed_bug_models_are_refuted(mutant: str) -> None:
+def test_fastdeploy_bug_models_are_refuted(mutant: str) -> None:
     report = explore(MUTANT_SCOPE, mutant)
     assert report.violation, f"mutated model {mutant} survived"
     assert report.violation[0].id == FIRST_ID[mutant]

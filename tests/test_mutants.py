@@ -11,7 +11,7 @@ from kvoracle.oracle.mutant_docs import SEEDS, kill
 from kvoracle.oracle.mutants import MUTANTS, Mutant
 from kvoracle.oracle.targets import Target
 
-# The issues' bounds for the seed bugs (a: the heap drop; b: the write that raises on
+# The bounds for FastDeploy's two bugs (the dropped heap node; the write that raised on
 # finish); the rest get a generous one. The preempt variant of b is often caught through
 # a preemption the scheduler makes itself under memory pressure, a longer program.
 MAX_STEPS = {"heap-drop": 8, "write-raise-finish": 6}

@@ -65,7 +65,7 @@ def test_a_write_that_raises_still_releases_everything() -> None:
     before = spec_state(rm)
     writes = tuple(zip(rm.hashes(R), rm.cache.table(R)))
     plan.push(Fault(FaultKind.RAISE))
-    rm.finish([R])  # seed bug b: the raise must not skip the free
+    rm.finish([R])  # FastDeploy PR 7807's bug: the raise must not skip the free
     want = exit_request(before, R, Status.FINISHED, writes)
     t = TransferId(before.cache.next_transfer)
     want = replace(want, cache=actions.complete(want.cache, t, Error()))
