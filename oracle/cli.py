@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from kvoracle.oracle.campaign import RunResult, readable, run_seeds
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput
 from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
+from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
 from kvoracle.oracle.scheduler_machine import FAULT_RATE
 
@@ -107,10 +109,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not run_options(args):
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
+    tracker = coverage_tracker(args)
     rows: list[Row] = []
     for i, t in enumerate(targets):
         progress(sys.stderr, i, len(targets), f"{t.name} ({t.level})")
-        rows.append(run_target(t, seeds, args.examples, args.steps))
+        rows.append(tracker.measured(partial(run_target, t, seeds, args.examples, args.steps))
+                    if tracker is not None and t.mutant is None else run_target(t, seeds, args.examples, args.steps))
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
     print(table(rows))
@@ -119,9 +123,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.record:
         record_trace(args.record, args.record_events, args.seed)
     bad = [r for r in rows if not r.ok]
+    reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
-          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)))
+          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach)
     return 0 if not bad else 1
+
+
+def coverage_tracker(args: argparse.Namespace) -> Tracker | None:
+    """Branch coverage of the reference rows, unless --no-coverage or coverage.py is missing."""
+    if args.no_coverage:
+        return None
+    try:
+        return Tracker()
+    except ImportError:
+        print("kvoracle check: coverage.py is not installed: no branch coverage (pip install coverage)",
+              file=sys.stderr)
+        return None
+
+
+def report_reach(tracker: Tracker, path: str | None) -> str:
+    reach = tracker.reach()
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("".join(f"{line}\n" for line in reach.missing), encoding="utf-8")
+    return reach.summary()
 
 
 def run_options(args: argparse.Namespace) -> bool:
@@ -299,6 +324,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
+    c.add_argument("--no-coverage", action="store_true",
+                   help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")
+    c.add_argument("--coverage-report", metavar="FILE",
+                   help="write coverage.py's report of the lines and branches the reference rows never take to FILE")
     c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference cache to FILE")
     c.add_argument("--record-events", type=int, default=500, help="events in the recorded trace (default 500)")
     c.set_defaults(func=cmd_check)
