@@ -5,16 +5,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, seed, settings
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.scheduler_machine import _faults
-from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
@@ -25,6 +25,8 @@ class RunResult:
     violation: PropertyViolated | None
     counterexample: tuple[str, ...]  # the shrunk steps, one call per line
     seconds: float
+    first_catch: int | None = None  # machine steps run when the violation was first seen
+    known: dict[str, int] = field(default_factory=dict)  # known violation -> programs that showed it
 
     @property
     def first_id(self) -> str:
@@ -32,9 +34,11 @@ class RunResult:
 
 
 def run_machine(
-    machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True
+    machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True,
+    baseline: Baseline | None = None,
 ) -> RunResult:
-    """Run `examples` random programs of up to `steps` steps from `seed_value`."""
+    """Run `examples` random programs of up to `steps` steps from `seed_value`; violations
+    the baseline knows end their program without failing the run."""
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     config = settings(
         max_examples=examples,
@@ -49,6 +53,15 @@ def run_machine(
     test = seed(seed_value)(get_state_machine_test(machine, settings=config))
     start = time.perf_counter()
     found: PropertyViolated | None = None
+    tally = getattr(machine, "tally", None)
+    first: list[int] = []
+
+    def note_first_catch() -> None:
+        if not first and tally is not None:
+            first.append(tally.steps)
+
+    PropertyViolated.hooks.append(note_first_catch)
+    PropertyViolated.baseline = baseline
     try:
         test()
     except PropertyViolated as e:
@@ -57,21 +70,27 @@ def run_machine(
         found = unexpected(e)
     except Exception as e:  # the system under test (or its adapter) raised where no check expected it
         found = unexpected(e)
+    finally:
+        PropertyViolated.hooks.remove(note_first_catch)
+    known = dict(baseline.seen) if baseline is not None else {}
     if found is None:
-        return RunResult(True, None, (), time.perf_counter() - start)
+        PropertyViolated.baseline = None
+        return RunResult(True, None, (), time.perf_counter() - start, known=known)
     # Outside the except block: teardown skips its drain check while an exception is handled.
     steps_found = minimize(machine, counterexample_steps(found), found.first_id)
-    return RunResult(False, found, steps_found, time.perf_counter() - start)
+    PropertyViolated.baseline = None
+    return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known)
 
 
 def run_seeds(
-    machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int
+    machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int,
+    baseline: Baseline | None = None,
 ) -> RunResult:
     """Run seed after seed; stop at the first that finds a violation."""
     if not seeds:
         raise ValueError("no seeds to run")
     for s in seeds:
-        result = run_machine(machine, seed_value=s, examples=examples, steps=steps)
+        result = run_machine(machine, seed_value=s, examples=examples, steps=steps, baseline=baseline)
         if not result.passed:
             break
     return result
@@ -104,8 +123,8 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> Proper
         state.teardown()
     except PropertyViolated as e:
         return e
-    except (NameError, SyntaxError):  # not a program this machine can replay
-        return None
+    except (NameError, SyntaxError, UnsatisfiedAssumption):  # not a program this machine can replay,
+        return None  # or one that shows only a known violation
     except Exception as e:  # an unexpected exception replays as the finding it was reported as
         return unexpected(e)
     return None

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
 from functools import partial
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
 from kvoracle.kvcache.pool import BackendUnavailable, default_backend, make_pool
 from kvoracle.oracle.campaign import RunResult, readable, run_seeds
+from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput
 from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
-from kvoracle.oracle.scheduler_machine import FAULT_RATE
+from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 
@@ -37,18 +39,22 @@ class Row:
     shrunk: int
     result: RunResult | None
     seconds: float
+    outcomes: dict[str, int] = field(default_factory=dict)  # transfers ended, by outcome
+    known: dict[str, int] = field(default_factory=dict)  # known violation -> programs that showed it
 
     @property
     def ok(self) -> bool:
         return self.verdict in ("pass", "caught")
 
 
-def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int) -> Row:
+def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int,
+               baseline: Baseline | None = None) -> Row:
     machine = target.machine()
+    use_faults(getattr(target.adapter, "fault_kinds", None))
     if target.level == "scheduler":
         examples = max(1, examples // 2)  # scheduler steps do more work each
     start = time.perf_counter()
-    result = run_seeds(machine, seeds, examples=examples, steps=steps)
+    result = run_seeds(machine, seeds, examples=examples, steps=steps, baseline=baseline)
     tally = tally_of(machine)
     if target.mutant is None:
         verdict = "pass" if result.passed else "FAIL"
@@ -59,6 +65,7 @@ def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int) 
     return Row(
         target, tally.steps, tally.faults, tally.bad_inputs, verdict, result.first_id,
         len(result.counterexample), None if result.passed else result, time.perf_counter() - start,
+        dict(tally.outcomes), result.known,
     )
 
 
@@ -92,9 +99,10 @@ def show(rows: Sequence[Row]) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.engine or args.adapter:
         return cmd_check_engine(args)
-    if args.bad_input:
-        print("kvoracle check: --bad-input needs --engine or --adapter", file=sys.stderr)
-        return 2
+    for flag, given in (("--bad-input", args.bad_input), ("--expect", args.expect)):
+        if given:
+            print(f"kvoracle check: {flag} needs --engine or --adapter", file=sys.stderr)
+            return 2
     targets = all_targets()
     if args.mutant:
         names = {t.name for t in targets}
@@ -120,6 +128,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(table(rows))
     if args.show:
         print(show(rows))
+    if args.json:
+        write_json(args.json, rows)
     if args.record:
         record_trace(args.record, args.record_events, args.seed)
     bad = [r for r in rows if not r.ok]
@@ -147,6 +157,20 @@ def report_reach(tracker: Tracker, path: str | None) -> str:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("".join(f"{line}\n" for line in reach.missing), encoding="utf-8")
     return reach.summary()
+
+
+def write_json(path: str, rows: Sequence[Row]) -> None:
+    """The rows, for a program (kvoracle hunt reads them)."""
+    out = [{
+        "target": r.target.name, "level": r.target.level, "steps": r.steps, "faults": r.faults,
+        "bad_inputs": r.bad_inputs, "verdict": r.verdict, "first_id": r.first_id,
+        "shrunk": r.shrunk if r.result else None, "seconds": round(r.seconds, 2), "outcomes": r.outcomes,
+        "first_catch": r.result.first_catch if r.result else None, "known": r.known,
+        "violation": str(r.result.violation) if r.result else None,
+        "counterexample": [readable(s) for s in r.result.counterexample] if r.result else [],
+    } for r in rows]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 
 
 def run_options(args: argparse.Namespace) -> bool:
@@ -205,7 +229,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     rows = []
     for i, bad in enumerate((False, True)):
         progress(sys.stderr, i, 2, f"{label}{' +bad input' if bad else ''}")
-        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir)))
+        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir),
+                               Baseline.parse(args.expect) if args.expect else None))
     progress(sys.stderr, 2, 2, "done")
     sys.stderr.write("\n")
     print(engine_table(rows))
@@ -227,14 +252,40 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -
     valid and bad input together, as for the reference."""
     target = Target(str(getattr(adapter, "name")), level, None, adapter)
     progress(sys.stderr, 0, 1, f"{target.name} ({level})")
-    row = run_target(target, list(range(args.seed, args.seed + args.seeds)), args.examples, args.steps)
+    baseline = Baseline.parse(args.expect) if args.expect else None
+    row = run_target(target, list(range(args.seed, args.seed + args.seeds)), args.examples, args.steps, baseline)
     progress(sys.stderr, 1, 1, "done")
     sys.stderr.write("\n")
     print(table([row]))
+    if row.outcomes:
+        print("transfers ended: " + ", ".join(f"{k} {n}" for k, n in sorted(row.outcomes.items())))
+    for pid, programs in sorted(row.known.items()):
+        print(f"known: {pid} in {programs} programs (expected with --expect; not a new finding)")
     if row.result is not None:
         print(show([row]))
+    if args.json:
+        write_json(args.json, [row])
     print(f"\n{target.name}: {'no violation' if row.ok else 'a violation was found'}")
     return 0 if row.ok else 1
+
+
+def cmd_hunt(args: argparse.Namespace) -> int:
+    from kvoracle.oracle.hunt import CATALOGUE, CatalogueError, hunt, load
+
+    if not CATALOGUE.exists():
+        print(f"kvoracle hunt: runs from a kvoracle checkout (it needs {CATALOGUE})", file=sys.stderr)
+        return 2
+    try:
+        if args.list:
+            for b in load():
+                print(f"{b.name:<34} {b.engine} {b.buggy} -> {b.fixed or '(no fix)'}  {b.public}: {b.what}")
+            return 0
+        text, ok = hunt(args.only, say=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    except CatalogueError as e:
+        print(f"kvoracle hunt: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if ok else 1
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
@@ -324,6 +375,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
+    c.add_argument("--expect", action="append", default=[], metavar="ID[:STEP]",
+                   help="with --adapter: a known violation (anywhere, or after STEP only); a program that shows "
+                        "only known violations is counted as known and the campaign goes on (repeatable)")
+    c.add_argument("--json", metavar="FILE", help="also write the table's rows, with each counterexample, as JSON")
     c.add_argument("--no-coverage", action="store_true",
                    help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")
     c.add_argument("--coverage-report", metavar="FILE",
@@ -350,6 +405,15 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
     pr.set_defaults(func=cmd_prove)
+    h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed",
+                       description="For each real, publicly fixed bug of engines/hunt.toml: runs the campaign "
+                                   "against the release that has it (it must be caught with the expected property) "
+                                   "and against the first release with the fix (it must pass), each in an "
+                                   "environment of its own under .venv-hunt/ (built on first use; minutes and "
+                                   "about 0.5 GB each). Exit status 0 only when every row is as expected.")
+    h.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these bugs")
+    h.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    h.set_defaults(func=cmd_hunt)
     m = sub.add_parser("mutants", help="list the mutant catalogue")
     m.set_defaults(func=cmd_mutants)
     return p

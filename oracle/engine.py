@@ -94,6 +94,10 @@ class Observation:
     # a request that ended). None: not observed; in_flight () says no transfer owns any.
     pinned: frozenset[int] | None = None
     in_flight: tuple[int, ...] | None = ()
+    # Engines whose tree can be walked: its nodes (any names), and the nodes its eviction
+    # structure (heap, leaf set) holds; a held node not in the tree is INV-HEAP-SOUND.
+    nodes: frozenset[str] | None = None
+    findable: frozenset[str] | None = None
 
 
 class EngineAdapter(Protocol):
@@ -158,7 +162,7 @@ def tier_view(name: str, o: Observation) -> TierView:
         in_flight=None if o.in_flight is None else {b: (TRANSFER,) for b in o.in_flight},
         reads=None if o.pinned is None else {b: ("",) for b in o.pinned},
         evictable=None if o.evictable is None else frozenset(o.evictable),
-        refcounts=o.refcounts, counters=o.counters,
+        refcounts=o.refcounts, counters=o.counters, nodes=o.nodes, findable=o.findable,
     )
 
 
@@ -204,6 +208,19 @@ class Scripted:
         self.namespace: dict[str, object] = {}
         self.lines: list[str] = []
         exec(compile(self.preamble, "<preamble>", "exec"), self.namespace)
+        self.bind()
+
+    def bind(self) -> None:
+        """Take what the adapter needs from the namespace the preamble built (override it:
+        a reproduction file attaches the adapter to its own namespace this way)."""
+
+    @classmethod
+    def attach(cls, namespace: dict[str, object]) -> Scripted:
+        """The adapter over an engine already built and driven (by a reproduction file)."""
+        adapter = cls.__new__(cls)
+        adapter.namespace, adapter.lines = namespace, []
+        adapter.bind()
+        return adapter
 
     def run(self, statement: str) -> Any:
         """Execute one statement (recorded); the value of `_` afterwards (engine values

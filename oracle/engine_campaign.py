@@ -14,6 +14,7 @@ from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.findings import confirms, reproduction, run_reproduction
 from kvoracle.oracle.report import columns
+from kvoracle.oracle.violations import Baseline
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,10 @@ def engine_machine(adapter: type[EngineAdapter], bad_input: bool) -> type[Engine
 
 
 def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[int], examples: int, steps: int,
-               repro_dir: Path) -> EngineRow:
+               repro_dir: Path, baseline: Baseline | None = None) -> EngineRow:
     machine = engine_machine(adapter, bad_input)
     start = time.perf_counter()
-    result = run_seeds(machine, seeds, examples=examples, steps=steps)
+    result = run_seeds(machine, seeds, examples=examples, steps=steps, baseline=baseline)
     name = adapter.name + (" +bad input" if bad_input else "")
     row = EngineRow(name, machine.tally, result, time.perf_counter() - start)
     if result.violation is None:

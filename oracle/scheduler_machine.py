@@ -27,10 +27,10 @@ from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
 from kvoracle.spec import invariants, liveness, scheduler
-from kvoracle.spec.actions import PreconditionError
+from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import EXITED, Status, System
-from kvoracle.spec.types import RequestId
+from kvoracle.spec.types import RequestId, describe
 from kvoracle.spec.view import View, of_system, request_name
 
 FAULTS: tuple[Fault, ...] = (
@@ -47,6 +47,14 @@ OK = Fault(FaultKind.OK)
 
 
 FAULT_RATE = [0.3]  # the campaign's fault rate, read when a fault is drawn
+# The faults the engine under test can suffer (its adapter's `fault_kinds`), read when a
+# fault is drawn: a synchronous engine cannot hang a call and answer it later, say.
+FAULT_POOL: list[tuple[Fault, ...]] = [FAULTS]
+
+
+def use_faults(kinds: frozenset[FaultKind] | None) -> None:
+    """Draw only faults of these kinds from now on (None: every kind)."""
+    FAULT_POOL[0] = FAULTS if kinds is None else tuple(f for f in FAULTS if f.kind in kinds) or (OK,)
 
 
 IO_CALLS = 8  # faults one step can inject: more I/O calls than any step makes
@@ -65,7 +73,8 @@ def _faults(u: int) -> tuple[Fault, ...]:
         x = (x * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & (2**64 - 1)
         z = ((x ^ (x >> 31)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
         z ^= z >> 29
-        out.append(OK if z % 1000 < 1000 * (1 - FAULT_RATE[0]) else FAULTS[(z // 1000) % len(FAULTS)])
+        pool = FAULT_POOL[0]
+        out.append(OK if z % 1000 < 1000 * (1 - FAULT_RATE[0]) else pool[(z // 1000) % len(pool)])
     return tuple(out)
 
 
@@ -146,6 +155,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         try:
             for event in self.engine.events() or ():
                 model = scheduler.apply(model, event)
+                if isinstance(event, Complete):
+                    self._ended(describe(event.outcome).split("(")[0])
         except PreconditionError as err:
             return [Violation("REFINEMENT", f"{name}: the engine's {err.action} is no step of spec/: {err.reason}")]
         self.model = model
@@ -154,6 +165,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             found.append(Violation("REFINEMENT", f"after {name} the engine's state differs from the "
                                                  f"specification's: {_diff(model, got)}"))
         return found
+
+    def _ended(self, outcome: str) -> None:
+        ended = type(self).tally.outcomes
+        ended[outcome] = ended.get(outcome, 0) + 1
 
     def _count(self, name: str) -> None:
         t = type(self).tally
@@ -176,7 +191,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         r = RequestId(self.next_request)
         self.next_request += 1
-        tokens = PROMPTS[p] + (r + 3,) * tail  # own tokens: blocks no other request has, to write
+        widen = max(1, self.engine.block_size // 2)  # PROMPTS are written for blocks of 2 tokens
+        tokens = tuple(t for t in PROMPTS[p] + (r + 3,) * tail for _ in range(widen))  # own tokens: new blocks
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)
@@ -221,6 +237,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     # --- LIVE-DRAIN -------------------------------------------------------------------------
 
     def teardown(self) -> None:
+        if self.model is None:  # a black box reports how its transfers ended, if it can
+            for outcome, n in getattr(self.engine, "outcomes", dict)().items():
+                for _ in range(n):
+                    self._ended(outcome)
         if sys.exc_info()[0] is not None:
             return
         drain(self)

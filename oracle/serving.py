@@ -31,6 +31,11 @@ class SchedulerAdapter(Protocol):
     gpu_blocks: int
     cpu_blocks: int
     timeout: int  # ticks before an unanswered transfer counts as timed out
+    # Optional: the fault kinds the engine's I/O can suffer (a synchronous engine has no
+    # HANG or TWICE); the machine draws only those. Absent: every kind of the fault model.
+    # fault_kinds: frozenset[FaultKind]
+    # Optional too: `outcomes() -> Mapping[str, int]`, how the engine's transfers ended so
+    # far ("ok", "error", "partial", "timeout"), for an engine that reports no events.
     # The bad calls it can make, each with the exception the engine must refuse it with.
     refusals: Mapping[BadInput, type[Exception]]
 

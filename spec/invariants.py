@@ -216,10 +216,13 @@ def _node_refcounts(s: CacheState) -> list[Violation]:
 
 def inv_heap_sound(v: View) -> list[Violation]:
     """INV-HEAP-SOUND: every LRU heap entry is a live node, and a node's in_heap flag is
-    set exactly when its tier's heap holds an entry for it."""
+    set exactly when its tier's heap holds an entry for it. Without the full state:
+    every node the engine's eviction structure holds is a node of its tree."""
     s = v.state
     if s is None:
-        return []
+        return [Violation("INV-HEAP-SOUND", f"{t.name} eviction holds node {n}, not in the tree")
+                for t in v.tiers() if t.nodes is not None and t.findable is not None
+                for n in sorted(t.findable - t.nodes)]
     out: list[Violation] = []
     for tier, heap in (("GPU", s.gpu_heap), ("CPU", s.cpu_heap)):
         for h in sorted(heap.entries - s.nodes.keys()):

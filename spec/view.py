@@ -63,6 +63,10 @@ class TierView:
     evictable: frozenset[int] | None = None  # blocks the engine would reclaim on demand
     refcounts: Mapping[int, int] | None = None  # cached block -> the engine's count of requests using it
     counters: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name -> (reported, recounted)
+    # Without the full state: the nodes of this tier in the engine's tree (any names), and
+    # the nodes its eviction structure (heap, leaf set) can reach.
+    nodes: frozenset[str] | None = None
+    findable: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,83 @@
+"""Campaigns: a target that raises is a finding, not a crash; a baseline turns known
+violations into "known" and the campaign goes on to find the new ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kvoracle.oracle.cli import run_target
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.targets import Target
+from kvoracle.spec.types import Outcome, TransferId
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RaisingCache(ReferenceCache):
+    """An engine whose transfer completion blows up."""
+
+    name = "raising"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        raise RuntimeError("the engine crashed completing a transfer")
+
+
+class RaisingScheduler(ReferenceScheduler):
+    """An engine whose observation code blows up after a while (an adapter bug)."""
+
+    name = "raising-observe"
+
+    def observe(self):  # type: ignore[no-untyped-def]
+        if len(self.rm.requests) > 2:
+            raise KeyError("the adapter read a field the engine does not have")
+        return super().observe()
+
+
+def test_a_raising_target_is_a_finding_with_an_id_and_the_campaign_goes_on() -> None:
+    rows = [run_target(Target(a.name, level, None, a), [0], 30, 30)
+            for a, level in ((RaisingCache, "cache"), (RaisingScheduler, "scheduler"), (ReferenceCache, "cache"))]
+    assert [r.verdict for r in rows] == ["FAIL", "FAIL", "pass"]
+    assert rows[0].first_id == "VALID-INPUT" and "crashed completing" in str(rows[0].result.violation)  # type: ignore[union-attr]
+    assert rows[1].first_id == "VALID-INPUT" and "KeyError" in str(rows[1].result.violation)  # type: ignore[union-attr]
+    assert rows[0].shrunk >= 1 and rows[1].shrunk >= 1
+
+
+ADAPTER = '''
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.mutants import CounterDrift, DoubleUnlock
+
+
+class TwoBugs(CounterDrift, DoubleUnlock):
+    """Its evictable counter drifts, and a second release unlocks the path again."""
+
+
+class Engine(ReferenceCache):
+    name = "two-bugs"
+    cache_class = TwoBugs
+'''
+
+
+def test_a_baseline_shows_one_known_and_one_new_finding(tmp_path: Path) -> None:
+    (tmp_path / "two_bugs.py").write_text(ADAPTER)
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           f"{tmp_path}/two_bugs.py:Engine", "--seeds", "2", "--expect", "INV-COUNTERS"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert "known: INV-COUNTERS in" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.startswith("two-bugs"))
+    assert "INV-REFCOUNT" in row and "INV-COUNTERS" not in row
+
+
+def test_a_raising_adapter_is_reported_by_the_cli_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "raising.py").write_text(
+        "from kvoracle.oracle.engines.reference_cache import ReferenceCache\n\n\n"
+        "class Engine(ReferenceCache):\n    name = 'raising'\n\n"
+        "    def evict_gpu(self, n):\n        raise MemoryError('engine fell over')\n")
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           f"{tmp_path}/raising.py:Engine", "--seeds", "1"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert "LIVE-EVICT" in done.stdout and "engine fell over" in done.stdout
