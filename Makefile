@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test typecheck pytest wheel-check bench prove prove-deep docs engines test-engines bench-engines clean
+.PHONY: run test typecheck pytest wheel-check coverage mutation hunt bench prove prove-deep docs engines test-engines bench-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ pytest: $(STAMP)
 # run from outside the tree (kvoracle check, a quick prove, an engine-style test file).
 wheel-check: $(STAMP)
 	.ci/wheel_check
+
+# The branches of kvcache/ and scheduler/ that make run's reference rows never take.
+coverage: $(STAMP)
+	$(BIN)/kvoracle check --coverage-report out/coverage.txt
+	cat out/coverage.txt
+
+# mutmut over kvcache/ and scheduler/ (MUTATE="kvcache/lru.py" for one file); survivors: docs/mutation.md.
+mutation: $(STAMP)
+	.ci/mutation
+
+# The known-bugs benchmark: real bugs of released engines, each caught, each fix passing.
+hunt: $(STAMP)
+	$(BIN)/kvoracle hunt
 
 bench: $(STAMP)
 	$(BIN)/python bench/workload.py

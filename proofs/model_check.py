@@ -39,7 +39,7 @@ from kvoracle.spec.state import (
     SwapOut,
     System,
     Transfer,
-    gpu_evictable,
+    evictable_nodes,
 )
 from kvoracle.spec.types import (
     CpuBlock,
@@ -232,7 +232,7 @@ def _retransfer(t: Transfer, gb: Callable[[GpuBlock], GpuBlock], cb: Callable[[C
 
 def state_violations(model: Next, s: System, v: View) -> list[Violation]:
     found = check(v) + liveness.live_transfer(s.started, s.now, s.timeout)
-    if any(gpu_evictable(s.cache, h) for h in s.cache.nodes):
+    if evictable_nodes(s.cache)[0]:
         progress = next((step for step in model.enabled(s) if evicts(step)), ())
         steps = [x for e in progress if isinstance(e, Evict) for x in e.steps]
         found += liveness.live_evict(s.cache, 0, 1, steps)

@@ -30,6 +30,7 @@ from kvoracle.spec.state import (
     SwapOut,
     Transfer,
     cpu_evictable,
+    evictable_nodes,
     gpu_evictable,
 )
 from kvoracle.spec.types import (
@@ -117,14 +118,15 @@ def _new_transfer(s: CacheState, t: Transfer) -> CacheState:
 def settle(s: CacheState) -> CacheState:
     """The heaps after a step: only live nodes keep entries and flags; every evictable
     node without a flag gets an entry (it is offered to its tier's heap)."""
-    gpu = _settled(s.gpu_heap, s, [h for h in s.nodes if gpu_evictable(s, h)])
-    cpu = _settled(s.cpu_heap, s, [h for h in s.nodes if cpu_evictable(s, h)])
+    gpu_evictable_now, cpu_evictable_now = evictable_nodes(s)
+    gpu = _settled(s.gpu_heap, s, gpu_evictable_now)
+    cpu = _settled(s.cpu_heap, s, cpu_evictable_now)
     if gpu == s.gpu_heap and cpu == s.cpu_heap:
         return s
     return replace(s, gpu_heap=gpu, cpu_heap=cpu)
 
 
-def _settled(heap: Heap, s: CacheState, evictable: list[BlockHash]) -> Heap:
+def _settled(heap: Heap, s: CacheState, evictable: Sequence[BlockHash]) -> Heap:
     offered = frozenset(h for h in evictable if h not in heap.flagged)
     live = s.nodes.keys()
     return Heap((heap.entries & live) | offered, (heap.flagged & live) | offered)

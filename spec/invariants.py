@@ -12,7 +12,7 @@ from collections import Counter as Multiset
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvoracle.spec.state import CacheState, blocks_for, cpu_evictable, gpu_evictable
+from kvoracle.spec.state import CacheState, blocks_for, evictable_nodes
 from kvoracle.spec.types import BlockHash, gpu_block_of, gpu_side
 from kvoracle.spec.view import FREE, TierView, View, node_name
 
@@ -239,13 +239,10 @@ def inv_heap_complete(v: View) -> list[Violation]:
     s = v.state
     if s is None:
         return []
-    out: list[Violation] = []
-    for h in s.nodes:
-        if gpu_evictable(s, h) and h not in s.gpu_heap.entries:
-            out.append(Violation("INV-HEAP-COMPLETE", f"{node_name(h)} is evictable on GPU but no heap holds it"))
-        if cpu_evictable(s, h) and h not in s.cpu_heap.entries:
-            out.append(Violation("INV-HEAP-COMPLETE", f"{node_name(h)} is evictable on CPU but no heap holds it"))
-    return out
+    gpu, cpu = evictable_nodes(s)
+    return [Violation("INV-HEAP-COMPLETE", f"{node_name(h)} is evictable on {tier} but no heap holds it")
+            for tier, evictable, heap in (("GPU", gpu, s.gpu_heap), ("CPU", cpu, s.cpu_heap))
+            for h in evictable if h not in heap.entries]
 
 
 # --- INV-COUNTERS -------------------------------------------------------------------------

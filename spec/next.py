@@ -77,7 +77,11 @@ def init(scope: Scope) -> System:
     return s
 
 
-OUTCOMES: tuple[Outcome, ...] = (Ok(), Error(), Timeout())
+def outcomes(items: int) -> tuple[Outcome, ...]:
+    """One outcome per distinct effect on the state: how many leading items succeeded
+    (0: error, and a timeout or partial(0) does the same; all: ok). Timeouts as such
+    come with ticks."""
+    return (Error(), *(Partial(k) for k in range(1, items)), Ok())
 
 
 class Next:
@@ -106,7 +110,7 @@ class Next:
             elif q.status is Status.RUNNING:
                 yield from self._running(s, r)
         for t, tr in sorted(s.cache.transfers.items()):
-            for outcome in (*OUTCOMES, *(Partial(k) for k in range(1, len(tr.items)))):
+            for outcome in outcomes(len(tr.items)):
                 yield (Complete(t, outcome),)
         if s.cache.transfers:
             yield self._tick(s)
