@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 import json
 from functools import partial
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence, TextIO
 
@@ -118,11 +120,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
     tracker = coverage_tracker(args)
-    rows: list[Row] = []
-    for i, t in enumerate(targets):
-        progress(sys.stderr, i, len(targets), f"{t.name} ({t.level})")
-        rows.append(tracker.measured(partial(run_target, t, seeds, args.examples, args.steps))
-                    if tracker is not None and t.mutant is None else run_target(t, seeds, args.examples, args.steps))
+    jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None) for t in targets]
+    rows = run_jobs(jobs, args.workers, tracker)
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
     print(table(rows))
@@ -137,6 +136,46 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach)
     return 0 if not bad else 1
+
+
+@dataclass(frozen=True)
+class Job:
+    target: Target
+    seeds: list[int]
+    examples: int
+    steps: int
+    measured: bool  # under coverage (the reference rows)
+
+
+def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
+    """One target's campaign, and the branches it took when measured (in a worker process
+    too: its coverage comes back as data, merged by the parent)."""
+    run = partial(run_target, job.target, job.seeds, job.examples, job.steps)
+    if not job.measured:
+        return run(), {}
+    tracker = Tracker()
+    row = tracker.measured(run)
+    return row, tracker.arcs()
+
+
+def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None) -> list[Row]:
+    """Every job, in order, on `workers` processes (1: this one). Each target runs the
+    same seeds wherever it runs, so its verdict and counterexample do not depend on the
+    number of workers."""
+    rows: list[Row] = []
+    if workers <= 1:
+        for i, job in enumerate(jobs):
+            progress(sys.stderr, i, len(jobs), f"{job.target.name} ({job.target.level})")
+            rows.append(tracker.measured(partial(run_target, job.target, job.seeds, job.examples, job.steps))
+                        if tracker is not None and job.measured else run_job(replace(job, measured=False))[0])
+        return rows
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for i, (row, arcs) in enumerate(pool.map(run_job, jobs)):
+            progress(sys.stderr, i + 1, len(jobs), f"{row.target.name} ({row.target.level})")
+            rows.append(row)
+            if tracker is not None:
+                tracker.merge(arcs)
+    return rows
 
 
 def coverage_tracker(args: argparse.Namespace) -> Tracker | None:
@@ -378,6 +417,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--expect", action="append", default=[], metavar="ID[:STEP]",
                    help="with --adapter: a known violation (anywhere, or after STEP only); a program that shows "
                         "only known violations is counted as known and the campaign goes on (repeatable)")
+    c.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run the targets on N processes (default 1); verdicts and counterexamples do not depend on N")
     c.add_argument("--json", metavar="FILE", help="also write the table's rows, with each counterexample, as JSON")
     c.add_argument("--no-coverage", action="store_true",
                    help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")

@@ -55,6 +55,14 @@ class Tracker:
         finally:
             self.cov.stop()
 
+    def arcs(self) -> dict[str, set[tuple[int, int]]]:
+        """The branches measured here, per file (to merge those of worker processes)."""
+        data = self.cov.get_data()
+        return {f: set(data.arcs(f) or ()) for f in data.measured_files()}
+
+    def merge(self, arcs: dict[str, set[tuple[int, int]]]) -> None:
+        self.cov.get_data().add_arcs({f: list(a) for f, a in arcs.items()})
+
     def reach(self) -> Reach:
         taken = total = 0
         missing: list[str] = []

@@ -52,6 +52,20 @@ class PropertyViolated(AssertionError):
     def first_id(self) -> str:
         return self.violations[0].id
 
+    def __reduce__(self) -> tuple[object, ...]:  # to and from worker processes, notes kept
+        return (_rebuilt, (self.step, self.violations, list(getattr(self, "__notes__", []))))
+
+
+def _rebuilt(step: str, violations: list[Violation], notes: list[str]) -> PropertyViolated:
+    hooks, known = PropertyViolated.hooks, PropertyViolated.baseline
+    PropertyViolated.hooks, PropertyViolated.baseline = [], None  # a copy, not a new finding
+    try:
+        e = PropertyViolated(step, violations)
+    finally:
+        PropertyViolated.hooks, PropertyViolated.baseline = hooks, known
+    e.__notes__ = notes
+    return e
+
 
 def refused(name: str, error: type[Exception], call: Callable[[], bool], snapshot: Callable[[], object],
             made: Callable[[], None]) -> None:

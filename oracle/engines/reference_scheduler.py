@@ -137,7 +137,7 @@ class ReferenceScheduler:
     def waiting(self) -> list[RequestId]:
         return list(self.rm.waiting)
 
-    def transfers(self) -> list[object]:
+    def transfers(self) -> Sequence[object]:
         return list(self.rm.in_flight())
 
     def faults_injected(self) -> int:
