@@ -370,6 +370,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
     rows = run_all("deep" if args.deep else args.scope, crosshair=not args.no_crosshair, examples=args.examples,
+                   workers=args.workers,
                    progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     head = ("property", "method", "scope", "explored", "time", "verdict")
     body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
@@ -442,6 +443,8 @@ def parser() -> argparse.ArgumentParser:
                     help="quick: a small model and few programs (seconds); ci: the default (about 2 minutes); "
                          "deep: the larger model-check scope (minutes)")
     pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
+    pr.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="run the groups of obligations on N processes (default 1)")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
