@@ -1,5 +1,11 @@
 """The CrossHair contracts of proofs/: the default targets find no counterexample, the
-FastDeploy-bug variants are found, and every kernel agrees with the code it mirrors."""
+FastDeploy-bug variants are found, and every kernel agrees with the code it mirrors.
+
+The allocator and heap kernels mirror the reference's choices exactly (its LIFO free
+stack, its LRU order with ties broken by push order), choices spec/ leaves open: the
+tests that compare them step by step are named after the choice. Next to each, a test
+checks the real code against the contracts' properties on whatever it chooses.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvoracle.kvcache.abstraction import abstract
 from kvoracle.kvcache.allocator import BlockAllocator
-from kvoracle.kvcache.errors import KVCacheError
+from kvoracle.kvcache.errors import BlockOutOfRange, DoubleFree, KVCacheError, OutOfBlocks
 from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, NoFaults, ScriptedFaults
 from kvoracle.kvcache.lru import LeafHeap
 from kvoracle.kvcache.manager import CacheManager
@@ -127,7 +133,51 @@ alloc_ops = st.lists(
 
 
 @given(size=st.integers(0, c.MAX_BLOCKS), ops=alloc_ops)
-def test_allocator_kernels_agree(size: int, ops: list[tuple[str, int, list[int]]]) -> None:
+@example(size=2, ops=[("alloc", -1, [0]), ("alloc", 2, [0]), ("free", 0, [1, 1])])  # n < 0; a block twice in a batch
+@example(size=4, ops=[("alloc", 2, [0]), ("free", 0, [0, 4]), ("free", 0, [1, 0, 0])])  # bad last blocks free nothing
+@example(size=4, ops=[("alloc", 3, [0]), ("free", 0, [2, 0]), ("alloc", 2, [0]), ("free", 0, [1]), ("alloc", 3, [0])])
+def test_allocator_meets_the_allocator_contracts(size: int, ops: list[tuple[str, int, list[int]]]) -> None:
+    """BlockAllocator against what the allocate and free_batch contracts promise, on
+    whichever free blocks it takes (spec/ leaves that open): an allocation takes n distinct
+    free blocks, or raises OutOfBlocks exactly when the contract says it cannot be met and
+    takes nothing; a free accepts exactly the batches the free_batch kernel accepts (which
+    depends on the free set, not its order), the free set becomes the old one plus the
+    batch, and a rejected batch changes nothing. The free bitmap agrees with the free list
+    throughout. The contracts run on every case too."""
+    real = BlockAllocator("GPU", size, GpuBlock)
+    for op, n, batch in ops:
+        free: list[int] = list(real.free_blocks())
+        if op == "alloc":
+            _, kernel_took = c.allocate(free, size, n)  # the contract, on this state
+            meetable = 0 <= n <= len(free)
+            try:
+                taken = real.allocate(n)
+            except OutOfBlocks:
+                assert not meetable and kernel_took == []
+                assert real.free_blocks() == free
+            else:
+                assert meetable and len(taken) == len(kernel_took) == n
+                assert len(set(taken)) == n and set(taken) <= set(free), f"took {taken} from free {free}"
+                assert sorted(real.free_blocks()) == sorted(set(free) - set(taken))
+        else:
+            out, accepted = c.free_batch(free, size, batch)  # the contract, on this state
+            try:
+                real.free([GpuBlock(b) for b in batch])
+            except (DoubleFree, BlockOutOfRange):
+                assert not accepted and real.free_blocks() == free
+            else:
+                assert accepted and sorted(real.free_blocks()) == sorted(out)
+        now = real.free_blocks()
+        assert [real.is_free(b) for b in range(-1, size + 1)] == [b in now for b in range(-1, size + 1)]
+
+
+@given(size=st.integers(0, c.MAX_BLOCKS), ops=alloc_ops)
+@example(size=4, ops=[("alloc", 3, [0]), ("free", 0, [2, 0]), ("alloc", 2, [0])])  # LIFO, FIFO, lowest-first differ
+def test_allocator_kernels_mirror_the_lifo_free_stack(size: int, ops: list[tuple[str, int, list[int]]]) -> None:
+    """alloc_kernel and free_kernel mirror BlockAllocator step by step, down to the order of
+    its free stack: the block freed last is taken first. That is the reference's choice,
+    which spec/ leaves open (its actions take the blocks as arguments); a change of the
+    reuse order must change the kernels with it."""
     real = BlockAllocator("GPU", size, GpuBlock)
     free = list(reversed(range(size)))
     for op, n, batch in ops:
@@ -212,7 +262,14 @@ heap_ops = st.lists(
 
 
 @given(ops=heap_ops)
-def test_heap_kernels_agree(ops: list[tuple[str, int]]) -> None:
+@example(ops=[("touch", 0), ("touch", 1), ("offer", 0), ("offer", 1), ("flip", 0), ("flip", 1), ("pop", 0)])  # LRU
+@example(ops=[("offer", 1), ("offer", 0), ("flip", 0), ("flip", 1), ("pop", 0), ("pop", 0)])  # a tie: push order
+def test_heap_kernels_mirror_the_lru_heap_and_its_tie_break(ops: list[tuple[str, int]]) -> None:
+    """offer_kernel and pop_kernel mirror LeafHeap entry by entry: least recently used first,
+    ties broken by push order. That order is the reference's choice, which spec/ leaves
+    open (spec.actions.evict takes the node as an argument); a change of it must change
+    the kernels with it. test_leaf_heap_keeps_its_invariant_in_any_pop_order checks what
+    does not depend on it."""
     nodes = [TreeNode(BlockHash(i + 1), None, OnGpu(G(i))) for i in range(3)]
     index = {id(n): i for i, n in enumerate(nodes)}
     real = LeafHeap(GPU)
@@ -240,6 +297,52 @@ def test_heap_kernels_agree(ops: list[tuple[str, int]]) -> None:
             heap[k] for k in sorted(range(len(heap)), key=lambda k: (heap[k][0], k))
         ]
         assert [n.in_heap[GPU] for n in nodes] == in_heap
+
+
+life_ops = st.lists(st.tuples(st.sampled_from(["flip", "touch", "kill", "pop"]), st.integers(0, 2)), max_size=24)
+
+
+@given(ops=life_ops)
+@example(ops=[("flip", 0), ("flip", 1), ("flip", 0), ("pop", 0), ("flip", 0), ("pop", 0), ("pop", 0), ("pop", 0)])
+@example(ops=[("flip", 0), ("touch", 0), ("flip", 1), ("kill", 1), ("pop", 0), ("pop", 0)])
+def test_leaf_heap_keeps_its_invariant_in_any_pop_order(ops: list[tuple[str, int]]) -> None:
+    """What LeafHeap owes the cache whichever evictable node it pops (spec/ leaves the order
+    open), with nodes offered the moment they become evictable, as CacheManager._settle does:
+    after every step the heap meets the contracts' invariant (heap_violation: INV-HEAP-COMPLETE,
+    INV-HEAP-SOUND); a pop returns a live evictable node and keeps no entry or flag for it,
+    reports as stale only live nodes that are not evictable, and returns None only when no node is
+    evictable (LIVE-EVICT). A popped node is then moved off the tier (not evictable, alive)."""
+    nodes = [TreeNode(BlockHash(i + 1), None, OnGpu(G(i))) for i in range(3)]
+    index = {id(n): i for i, n in enumerate(nodes)}
+    real = LeafHeap(GPU)
+    alive, evictable = [True] * 3, [False] * 3
+    clock = 0
+    for op, i in ops:
+        if op == "flip" and alive[i]:
+            evictable[i] = not evictable[i]
+            if evictable[i]:
+                real.offer(nodes[i])
+        elif op == "touch" and alive[i]:
+            clock += 1
+            nodes[i].last_access = clock
+        elif op == "kill":
+            alive[i] = nodes[i].alive = False
+            evictable[i] = False
+        elif op == "pop":
+            stale: list[TreeNode] = []
+            got = real.pop_evictable(lambda n: evictable[index[id(n)]], stale)
+            assert all(n.alive and not evictable[index[id(n)]] for n in stale)  # a SkipStale names a live node
+            if got is None:
+                assert not any(evictable), "LIVE-EVICT: an evictable node was not found"
+            else:
+                k = index[id(got)]
+                assert alive[k] and evictable[k], f"INV-HEAP-SOUND: popped node {k} is not evictable"
+                assert not got.in_heap[GPU] and all(n is not got for n in real.entries())
+                evictable[k] = False
+        entries = [(stamp, index[id(n)]) for stamp, _, n in real._entries]
+        flags = [n.in_heap[GPU] for n in nodes]
+        last = [n.last_access for n in nodes]
+        assert c.heap_violation(entries, flags, alive, evictable, last, exempt=-1) == ""
 
 
 def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> None:
