@@ -9,7 +9,6 @@ checks the real code against the contracts' properties on whatever it chooses.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -65,14 +64,13 @@ def _table(results: Sequence[cc.ContractResult]) -> str:
 
 
 def test_default_targets_find_no_counterexample() -> None:
-    start = time.monotonic()
-    results = cc.check(per_condition_timeout=SEARCH_S, total_timeout=140.0)
-    elapsed = time.monotonic() - start
+    # Each target gets 40 s of wall clock for 10 s of CPU per condition: room for a loaded
+    # machine (an unloaded run takes about 20 s a target).
+    results = cc.check(per_condition_timeout=SEARCH_S, total_timeout=300.0)
     print(_table(results))
     assert [r.function for r in results] == list(cc.OBLIGATIONS)
     assert all(r.verdict == cc.NONE_FOUND for r in results), _table(results)
     assert all(r.property_ids for r in results)
-    assert elapsed < 150.0
 
 
 @pytest.mark.parametrize(
