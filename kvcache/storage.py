@@ -14,11 +14,20 @@ import tempfile
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from kvoracle.kvcache.errors import KVCacheError
 from kvoracle.spec.types import BlockHash
 
 
 class StorageError(Exception):
     """A backend call failed (raised by a backend, or injected by kvcache.faults)."""
+
+
+class BadBlockHash(KVCacheError):
+    """A block hash outside 64 bits: no file (and no checksum) can name it."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__(f"block hash {h} is not an unsigned 64-bit integer")
+        self.hash = h
 
 
 class StorageBackend(Protocol):
@@ -92,7 +101,7 @@ class DirectoryStorage:
 
     def _path(self, h: BlockHash) -> Path:
         if not 0 <= h < 1 << 64:  # the file name and the checksum hold exactly 64 bits
-            raise ValueError(f"block hash {h} is not an unsigned 64-bit integer")
+            raise BadBlockHash(h)
         return self.root / f"{h:016x}"
 
     def _write_one(self, h: BlockHash, data: bytes) -> None:

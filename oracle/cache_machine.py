@@ -99,24 +99,33 @@ class CacheMachine(RuleBasedStateMachine):
 
     # --- the checking core -----------------------------------------------------------
 
-    def _step(self, name: str, impl: Callable[[], R], event: Callable[[R], CacheEvent]) -> R:
-        """Run one engine call; check every property, then refinement."""
+    def _step(self, name: str, impl: Callable[[], R], event: Callable[[R], CacheEvent],
+              exiting: RequestId | None = None) -> R:
+        """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
+        safety property, then refinement."""
+        before = self.view() if exiting is not None else None
         try:
             result = impl()
         except PropertyViolated:
             raise
         except Exception as e:
-            raise PropertyViolated(name, [self._escaped(name, e)]) from e
+            raise PropertyViolated(name, self._exit(before, exiting) + [self._escaped(name, e)]) from e
         self._count(name)
+        found = self._exit(before, exiting)
+        if found:
+            raise PropertyViolated(name, found)
         self._check(name)
         if self.model is not None:
             self._refine(name, event(result))
         return result
 
+    def _exit(self, before: View | None, r: RequestId | None) -> list[Violation]:
+        if before is None or r is None:
+            return []
+        return liveness.live_exit(before, self.view(), request_name(r))
+
     @staticmethod
     def _escaped(name: str, e: Exception) -> Violation:
-        if name.endswith("release"):
-            return liveness.exit_cut_short(name, e)
         if name.endswith("evict_gpu"):
             return liveness.live_evict(None, 0, 0, None, raised=e)[0]
         return Violation("VALID-INPUT", f"the engine raised {e!r} on a valid {name}")
@@ -250,13 +259,9 @@ class CacheMachine(RuleBasedStateMachine):
         if r is None:
             return
         written = self._full(r) if write else Blocks((), ())
-        before = self.view()
         del self.live[r]  # before the call: the check after it expects the request gone
         self.gone.append(r)
-        self._step("release", lambda: self.engine.release(r, written), lambda writes: Release(r, writes))
-        found = liveness.live_exit(before, self.view(), request_name(r))
-        if found:
-            raise PropertyViolated("release", found)
+        self._step("release", lambda: self.engine.release(r, written), lambda writes: Release(r, writes), exiting=r)
 
     @rule(need=st.integers(1, 4), tier=st.sampled_from(["gpu", "gpu", "cpu"]), then=settle)
     def evict(self, need: int, tier: str, then: Outcome | None) -> None:

@@ -260,7 +260,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnPreempt),
     Mutant("write-raise-batch", 2, "One failing write stops the rest of a finish batch",
            "a write error is re-raised after its own request's release, ending the batch loop",
-           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseStopsBatch),
+           # the error escaping finish is itself a violation (VALID-INPUT); the requests
+           # of the batch it stopped before keep their blocks (LIVE-EXIT)
+           frozenset({"LIVE-EXIT", "VALID-INPUT"}), scheduler_class=WriteRaiseStopsBatch),
     Mutant("leaky-admit", 3, "Leak on a failed admit after a partial match",
            "admit matches (refcounts, fills) before checking the rest fits, and keeps them on failure",
            frozenset({"INV-REQUEST"}), scheduler_class=LeakyAdmit),

@@ -103,10 +103,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         return view_of(e.observe(), e.observe_cpu(), live, e.block_size)
 
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
-              exits: bool = False, ticks: int = 0) -> None:
-        """Run one scheduler call; check every property after it. `exiting`: the
-        requests the call must have ended (LIVE-EXIT); `exits`: it may end or preempt
-        requests of its own accord; `ticks`: the time the call lets pass."""
+              ticks: int = 0) -> None:
+        """Run one scheduler call; check every property after it: LIVE-EXIT first, on the
+        requests it was to end (`exiting`) and on those it ended or preempted itself;
+        `ticks`: the time the call lets pass."""
         before, statuses = self.view(), self.engine.statuses()
         escaped: BaseException | None = None
         try:
@@ -117,29 +117,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._count(name)
         found = self.engine.content()
         if self.bookkeeping:
-            found = self._bookkeeping(name, before, statuses, exiting, exits, escaped, ticks) + found
+            found = self._bookkeeping(name, before, statuses, exiting, escaped, ticks) + found
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
             raise PropertyViolated(name, found)
 
     def _bookkeeping(self, name: str, before: View, statuses: Mapping[RequestId, Status],
-                     exiting: Sequence[RequestId], exits: bool, escaped: BaseException | None,
+                     exiting: Sequence[RequestId], escaped: BaseException | None,
                      ticks: int) -> list[Violation]:
         e, after = self.engine, self.view()
+        now = e.statuses()
+        ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
+        exit_found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
         found = invariants.check(of_system(got)) if got is not None else []
         for more in (e.invariants(), invariants.check(after)):
             seen = {v.id for v in found}
             found += [v for v in more if v.id not in seen]
-        found = invariants.by_severity(found)
-        now = e.statuses()
-        ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
-        for r in sorted(ended | set(exiting)):
-            found += liveness.live_exit(before, after, request_name(r))
-        if escaped is not None and (exiting or exits):
-            found.append(liveness.exit_cut_short(name, escaped))
-        elif escaped is not None:
+        found = exit_found + invariants.by_severity(found)
+        if escaped is not None:  # storage or swap errors must never escape the scheduler
             found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
         return found + self._record(name, ticks, got)
 
@@ -197,7 +194,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(f=faults)
     def schedule(self, f: tuple[Fault, ...]) -> None:
-        self._call("schedule", lambda: self.engine.schedule(f), exits=True)
+        self._call("schedule", lambda: self.engine.schedule(f))
 
     @rule(picks=st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True), f=faults)
     def finish(self, picks: list[int], f: tuple[Fault, ...]) -> None:

@@ -279,9 +279,8 @@ def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
         except PreconditionError as e:
             return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
         after = observed(s, ev["observe"], n) if "observe" in ev else of_cache(s)
-        found = by_severity(check(after))
-        if isinstance(event, Release):
-            found += liveness.live_exit(before, after, request_name(event.request))
+        found = liveness.live_exit(before, after, request_name(event.request)) if isinstance(event, Release) else []
+        found += by_severity(check(after))
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
         before = after
@@ -298,9 +297,8 @@ def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
         except PreconditionError as e:
             return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
         after = _system_view(s, observed(s.cache, ev["observe"], n) if "observe" in ev else of_cache(s.cache))
-        found = by_severity(check(after)) + liveness.live_transfer(s.started, s.now, s.timeout)
-        if isinstance(event, Exit):
-            found += liveness.live_exit(before, after, request_name(event.request))
+        found = liveness.live_exit(before, after, request_name(event.request)) if isinstance(event, Exit) else []
+        found += by_severity(check(after)) + liveness.live_transfer(s.started, s.now, s.timeout)
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
         before = after

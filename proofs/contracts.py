@@ -260,7 +260,7 @@ def pop_kernel(
 def pop_kernel_heap_drop(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int]
 ) -> tuple[Heap, list[bool], int]:
-    """Seed bug a (oracle.mutants.ForgetfulHeap): a stale entry is dropped but the node
+    """FastDeploy's dropped heap node (oracle.mutants.ForgetfulHeap): a stale entry is dropped but the node
     keeps its in_heap flag, so no later offer makes it findable again."""
     entries, flags = list(heap), list(in_heap)
     for _ in range(2 * len(heap)):
@@ -280,10 +280,10 @@ def pop_kernel_heap_drop(
 def heap_violation(
     heap: Heap, in_heap: list[bool], alive: list[bool], evictable: list[bool], last: list[int], exempt: int
 ) -> str:
-    """The first broken clause of the heap's invariant, or "". Every live node's in_heap
-    flag says exactly whether it has an entry, it has at most one, and an evictable node
-    other than `exempt` has one (INV-HEAP-COMPLETE). Entries name nodes of the tier,
-    stamped no later than the node's last access (INV-HEAP-SOUND)."""
+    """The first broken clause of the heap's invariant, or "". Entries name nodes of the
+    tier, stamped no later than the node's last access, and every live node's in_heap
+    flag says exactly whether it has an entry, of which it has at most one
+    (INV-HEAP-SOUND); an evictable node other than `exempt` has one (INV-HEAP-COMPLETE)."""
     n_nodes = len(alive)
     for stamp, n in heap:
         if not 0 <= n < n_nodes:
@@ -295,7 +295,7 @@ def heap_violation(
             continue
         k = sum(1 for _, m in heap if m == n)
         if k > 1 or in_heap[n] != (k == 1):
-            return f"INV-HEAP-COMPLETE: node {n} has in_heap={in_heap[n]} and {k} entries"
+            return f"INV-HEAP-SOUND: node {n} has in_heap={in_heap[n]} and {k} entries"
         if evictable[n] and k == 0 and n != exempt:
             return f"INV-HEAP-COMPLETE: node {n} is evictable but no entry finds it"
     return ""
@@ -432,7 +432,7 @@ def exit_kernel(
 def exit_kernel_write_raise(
     owner: list[int], pins: list[int], private: list[int], written: list[int], outcome: int, done: int, late: bool
 ) -> ExitResult:
-    """Seed bug b (oracle.mutants._WriteBeforeRelease): the write runs synchronously
+    """FastDeploy PR 7807's bug, the write that raised (oracle.mutants._WriteBeforeRelease): the write runs synchronously
     before the release, and a raise escapes it, skipping the free."""
     if written and outcome == RAISE:
         return ExitResult(list(owner), list(pins), list(owner), list(pins), 0)

@@ -80,6 +80,13 @@ class _ExitKeepingBlocks(Exit):
     """An exit whose release never ran."""
 
 
+def _describe(step: Step) -> str:
+    if len(step) == 1 and isinstance(step[0], _ExitKeepingBlocks):
+        how = {"finished": "finish", "preempted": "preempt", "aborted": "abort"}[step[0].to.value]
+        return f"{how}(r{step[0].request}, write raises: the release is skipped)"
+    return describe(step)
+
+
 class _WriteRaiseSkipsRelease(Next):
     """FastDeploy PR 7807's bug: the storage write raised during the exit, and the code
     after it, which frees the request's blocks, never ran."""
@@ -301,10 +308,10 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             k = digest(nxt)
             exit_found = step_violations(step, view, of_system(nxt)) if exiting(step) else []
             if exit_found:
-                parents.setdefault(k, (key, describe(step)))
+                parents.setdefault(k, (key, _describe(step)))
                 return report(k, exit_found)
             if k not in parents:
-                parents[k] = (key, describe(step))
+                parents[k] = (key, _describe(step))
                 queue.append(relabel(nxt))
         if progress is not None and len(parents) % 5000 < 40:
             progress(len(parents), len(queue))

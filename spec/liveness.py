@@ -52,12 +52,6 @@ def live_exit(before: View, after: View, r: str) -> list[Violation]:
     return out
 
 
-def exit_cut_short(call: str, error: BaseException) -> Violation:
-    """An exception escaped a call that ends requests: under LIVE-EXIT, their exit
-    paths stopped there."""
-    return Violation("LIVE-EXIT", f"{call} raised {error!r}: its exit path was cut short")
-
-
 def live_transfer(started: Mapping[K, int], now: int, timeout: int) -> list[Violation]:
     """LIVE-TRANSFER: no transfer has been in flight for more than `timeout` ticks.
     `started` is the checker's own record of when it first saw each transfer."""

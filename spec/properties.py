@@ -1,6 +1,7 @@
 """Every property of the specification by its stable ID: its one-line meaning, and the
 one predicate that defines it. docs/model.md explains each in full; tests/test_docs.py
-keeps the three in step and checks that no checker restates a definition.
+keeps the two in step, and tests/test_one_source.py checks that each is defined once
+and that no checker restates a definition.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ checks switched off are what an engine that exposes only block ids looks like. T
 cache and scheduler machines must still kill every mutant, in the same campaign as
 tests/test_mutants.py, through `observe` alone (and INV-CONTENT, which reads the KV
 bytes), while the reference passes. The ID may differ from the one the full machine
-reports first: the heap drop, for one, shows as blocks that never drain (LIVE-DRAIN).
+reports first: the heap drop, for one, shows as an evictable block that eviction never
+takes (LIVE-EVICT).
 Liveness is judged from the machine's own record either way: a transfer that never
 ends is LIVE-TRANSFER on the machine's clock, whatever the engine's timers say.
 """

@@ -54,7 +54,7 @@ HS = block_hashes([1, 2, 3, 4, 5, 6], 2)  # three chained full blocks
 # --- CrossHair ---------------------------------------------------------------------------
 # CrossHair finds FastDeploy's bugs in about 1 s, but needed about 5 s for deeper planted bugs
 # (an exit that keeps two adopted blocks on error; a pop that ignores re-use since the
-# push): the checks here give each condition 10 s, the CI scope of `kvoracle prove` 3 s.
+# push): the checks here give each condition 10 s, and so does `kvoracle prove`.
 SEARCH_S = 10.0
 
 
@@ -77,7 +77,7 @@ def test_default_targets_find_no_counterexample() -> None:
     ("target", "message"),
     [
         ("exit_request_write_raise", "LIVE-EXIT: on raise, block"),
-        ("heap_pop_heap_drop", "INV-HEAP-COMPLETE"),
+        ("heap_pop_heap_drop", "INV-HEAP-SOUND"),
     ],
 )
 def test_crosshair_finds_the_fastdeploy_bugs(target: str, message: str) -> None:
@@ -306,7 +306,7 @@ life_ops = st.lists(st.tuples(st.sampled_from(["flip", "touch", "kill", "pop"]),
 def test_leaf_heap_keeps_its_invariant_in_any_pop_order(ops: list[tuple[str, int]]) -> None:
     """What LeafHeap owes the cache whichever evictable node it pops (spec/ leaves the order
     open), with nodes offered the moment they become evictable, as CacheManager._settle does:
-    after every step the heap meets the contracts' invariant (heap_violation: INV-HEAP-COMPLETE,
+    after every step the heap meets the contracts' invariant (heap_violation: INV-HEAP-SOUND,
     INV-HEAP-SOUND); a pop returns a live evictable node and keeps no entry or flag for it,
     reports as stale only live nodes that are not evictable, and returns None only when no node is
     evictable (LIVE-EVICT). A popped node is then moved off the tier (not evictable, alive)."""
@@ -344,7 +344,7 @@ def test_leaf_heap_keeps_its_invariant_in_any_pop_order(ops: list[tuple[str, int
 
 
 def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> None:
-    """INV-HEAP-COMPLETE on the path of FastDeploy's dropped heap node: node 0's entry is stale (it was
+    """The heap invariants on the path of FastDeploy's dropped heap node: node 0's entry is stale (it was
     shared again), pop drops it, the node becomes evictable, the offer re-adds it."""
     heap: c.Heap = [(1, 0), (2, 1)]
     alive, last = [True, True], [1, 2]
@@ -352,7 +352,7 @@ def test_heap_pop_drops_a_stale_entry_and_the_next_offer_finds_the_node() -> Non
     assert found == 1 and heap == [] and flags == [False, False]
     heap, flags = c.heap_offer(heap, flags, alive, [True, False], last, 0)
     assert heap == [(1, 0)] and flags == [True, False]
-    with pytest.raises(AssertionError, match="INV-HEAP-COMPLETE"):
+    with pytest.raises(AssertionError, match="INV-HEAP-SOUND"):
         c.heap_pop_heap_drop([(1, 0)], [True], [True], [False], [1])
 
 

@@ -14,9 +14,8 @@ from kvoracle.spec.properties import PROPERTIES
 ROOT = Path(__file__).resolve().parent.parent
 ID = re.compile(r"\b((?:INV|LIVE)-[A-Z]+(?:-[A-Z]+)*)\b")
 # Implementation-level properties the abstract model has nothing to say about: it keeps
-# no counters (INV-COUNTERS), no bytes (INV-CONTENT) and no clock (LIVE-TRANSFER).
-# The machines check them.
-NOT_MODELLED = {"INV-COUNTERS", "INV-CONTENT", "LIVE-TRANSFER"}
+# no counters (INV-COUNTERS) and no bytes (INV-CONTENT). The machines check them.
+NOT_MODELLED = {"INV-COUNTERS", "INV-CONTENT"}
 
 
 def spec_ids() -> set[str]:

@@ -18,7 +18,7 @@ from kvoracle.kvcache.faults import (
     ScriptedFaults,
     SeededFaults,
 )
-from kvoracle.kvcache.storage import DirectoryStorage, MemoryStorage, StorageBackend, StorageError
+from kvoracle.kvcache.storage import BadBlockHash, DirectoryStorage, MemoryStorage, StorageBackend, StorageError
 from kvoracle.spec.types import BlockHash, Error, Ok, Partial
 
 H = [BlockHash(0x1234_5678_9ABC_DEF0 + i) for i in range(4)]
@@ -140,10 +140,10 @@ def test_directory_clear_keeps_other_files(tmp_path: Path) -> None:
 
 def test_directory_rejects_hash_outside_64_bits(tmp_path: Path) -> None:
     s = DirectoryStorage(tmp_path)
-    with pytest.raises(ValueError):
+    with pytest.raises(BadBlockHash, match="not an unsigned 64-bit"):
         s.write([BLOCKS[0], (BlockHash(1 << 64), b"x")])
     assert s.exists(H) == 0  # refused before anything was written
-    with pytest.raises(ValueError):
+    with pytest.raises(BadBlockHash):
         s.read([BlockHash(-1)])
 
 
