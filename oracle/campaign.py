@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, seed, settings
@@ -113,9 +113,12 @@ def counterexample_steps(e: BaseException) -> tuple[str, ...]:
     return tuple(line.strip() for note in notes for line in note.splitlines() if _CALL.match(line.strip()))
 
 
-def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> PropertyViolated | None:
-    """Run a printed program again on a fresh machine; the violation it ends in, if any."""
-    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput}
+def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
+           more: Mapping[str, object] | None = None) -> PropertyViolated | None:
+    """Run a printed program again on a fresh machine; the violation it ends in, if any.
+    `more`: names the steps may use besides Hypothesis's own."""
+    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput,
+             **(more or {})}
     try:
         state = machine()
         for step in steps:

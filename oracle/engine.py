@@ -4,9 +4,14 @@ write, what it may observe, and the invariants those observations allow it to ch
 An engine's own calls are grouped into request-level operations, because that is the
 grain at which every engine's scheduler uses its cache:
 
-    admit   = match the prompt's cached prefix, lock it, allocate the rest
+    admit   = match the prompt's cached prefix, lock it, allocate the rest (with PREFILL,
+              the machine admits the prompt's first chunk: the rest comes by prefill)
+    prefill = compute the next chunk of a request's prompt: allocate its blocks, cache
+              the full blocks it completes (the machine chooses the chunks and how the
+              chunks of different requests interleave)
     grow    = decode filled the last block: allocate one more
-    finish  = insert the request's full blocks into the cache, unlock, free the rest
+    finish  = end the request: unlock its cached blocks, free the rest (engines differ
+              in when they cache: at admit, per chunk, or here)
     evict   = free up to n unreferenced cached blocks
 
 Bad inputs are raw calls an engine's own code could make by mistake (a block freed twice,
@@ -31,6 +36,7 @@ CACHE, TRANSFER = "the cache", "a transfer"  # owners an observation can name
 
 class Op(enum.Enum):
     ADMIT = "admit"
+    PREFILL = "prefill"
     GROW = "grow"
     FINISH = "finish"
     EVICT = "evict"
@@ -111,6 +117,11 @@ class EngineAdapter(Protocol):
     def admit(self, rid: str, tokens: Sequence[int]) -> int:
         """Place a new request; return how many leading blocks came from the cache.
         Raise NoRoom (state unchanged) when it does not fit."""
+        ...
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        """Compute `tokens`, the next chunk of a running request's prompt (with Op.PREFILL).
+        NoRoom as above."""
         ...
 
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
@@ -231,13 +242,15 @@ class Scripted:
 
     def run_bad(self, statement: str) -> None:
         """A bad call. If the engine refuses it by raising, the exception propagates (the
-        machine checks the refusal changed nothing) and the script keeps the call in a
-        form that does not stop a reproduction there."""
+        machine checks the refusal changed nothing). The script keeps the call in a form
+        that does not stop a reproduction there, refused or not, so that the same file
+        runs on an engine that refuses what this one accepted."""
         try:
             self.run(statement)
         except Exception as e:
             self.lines[-1] = f"with suppress(Exception):  # refused: {repr(e).splitlines()[0]}\n    {statement}"
             raise
+        self.lines[-1] = f"with suppress(Exception):  # a bad call, accepted\n    {statement}"
 
     def script(self) -> list[str]:
         uses = any(line.startswith("with suppress(") for line in self.lines)

@@ -45,7 +45,8 @@ class EngineMachine(RuleBasedStateMachine):
         missing = {Op.ADMIT, Op.FINISH} - self.adapter.operations
         if missing:
             raise TypeError(f"{self.adapter.name}: an adapter must support {sorted(op.value for op in missing)}")
-        self.live: dict[str, int] = {}  # request -> tokens held
+        self.live: dict[str, int] = {}  # request -> tokens held (computed)
+        self.prompts: dict[str, list[int]] = {}  # request -> the prompt tokens still to prefill
         self.gone: list[str] = []
         self.next_request = 0
 
@@ -88,6 +89,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _forget(self, rid: str) -> None:
         del self.live[rid]
+        self.prompts.pop(rid, None)
 
     def _shrink(self, rid: str, tokens: int) -> None:
         self.live[rid] -= tokens
@@ -100,22 +102,45 @@ class EngineMachine(RuleBasedStateMachine):
 
     # --- rules -------------------------------------------------------------------------
 
-    @rule(p=st.integers(0, len(PROMPTS) - 1))
-    def admit(self, p: int) -> None:
+    @rule(p=st.integers(0, len(PROMPTS) - 1), chunks=st.integers(0, 2))
+    def admit(self, p: int, chunks: int) -> None:
+        """Admit a prompt; with Op.PREFILL, only its first `chunks` blocks (0: all of it)
+        come with the admission, the rest by prefill."""
         if len(self.live) >= MAX_LIVE:
             return
         rid = f"r{self.next_request}"
         self.next_request += 1
         tokens = prompt(p, self.adapter.block_size)
+        if self.supports(Op.PREFILL) and chunks:
+            cut = min(len(tokens), chunks * self.adapter.block_size)
+            tokens, self.prompts[rid] = tokens[:cut], tokens[cut:]
         self.live[rid] = len(tokens)  # before the call: the check after it expects the request
         self._call("admit", lambda: self.adapter.admit(rid, tokens), undo=lambda: self._forget(rid))
+
+    @precondition(lambda self: self.supports(Op.PREFILL))
+    @rule(i=st.integers(0, 7), blocks=st.integers(1, 2))
+    def prefill(self, i: int, blocks: int) -> None:
+        """The next chunk of a request mid-prefill; the machine chooses whose and how much."""
+        pending = sorted(r for r in self.live if self.prompts.get(r))
+        if not pending:
+            return
+        rid = pending[i % len(pending)]
+        chunk = self.prompts[rid][: blocks * self.adapter.block_size]
+        self.prompts[rid] = self.prompts[rid][len(chunk):]
+        self.live[rid] += len(chunk)
+
+        def undo() -> None:
+            self._shrink(rid, len(chunk))
+            self.prompts[rid] = chunk + self.prompts[rid]
+
+        self._call("prefill", lambda: self.adapter.prefill(rid, chunk), undo=undo)
 
     @precondition(lambda self: self.supports(Op.GROW))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
     def grow(self, i: int, token: int) -> None:
         rid = self._pick(i)
-        if rid is None:
-            return
+        if rid is None or self.prompts.get(rid):
+            return  # decode follows prefill
         more = [token] * self.adapter.block_size
         self.live[rid] += len(more)
         self._call("grow", lambda: self.adapter.grow(rid, more), undo=lambda: self._shrink(rid, len(more)))
@@ -127,6 +152,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         before = view_of(self.adapter.observe(), live=self.live)
         del self.live[rid]
+        self.prompts.pop(rid, None)
         self.gone.append(rid)
         self._call("finish", lambda: self.adapter.finish(rid))
         found = liveness.live_exit(before, view_of(self.adapter.observe(), live=self.live), rid)

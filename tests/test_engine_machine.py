@@ -49,12 +49,25 @@ def test_engine_machine_kills_mutants_through_the_adapter(name: str, first_id: s
     assert not result.passed and result.first_id == first_id, result.violation
 
 
-def test_reproduction_of_a_mutant_fails_standalone(tmp_path: Path) -> None:
-    row = run_engine(adapter_for(by_name("double-free").cache_class), True, [1], 300, 30, tmp_path)
-    assert row.reproduction is not None and row.reproduction.exists()
-    assert row.reproduces.startswith("AssertionError: INV-CONSERVE"), row.reproduces
+@pytest.mark.parametrize("mutant, bad_input", [("double-free", True), ("counter-drift", False),
+                                              ("double-unlock", True)])
+def test_reproduction_fails_on_the_mutant_and_passes_on_the_reference(tmp_path: Path, mutant: str,
+                                                                      bad_input: bool) -> None:
+    """The generated check makes a reproduction fail with the campaign's ID on the engine
+    that produced it, and pass once the bug is gone (the same calls on the reference)."""
+    m = by_name(mutant)
+    row = run_engine(adapter_for(m.cache_class), bad_input, [1, 2, 3], 300, 30, tmp_path)
+    assert row.reproduction is not None and row.reproduction.exists(), row.result.violation
+    assert row.confirmed, row.reproduces
     text = row.reproduction.read_text()
-    assert "kvoracle.oracle.mutants" in text and "check_invariants(cache)" in text
+    assert f"fails_with({row.result.first_id!r}" in text and "kvoracle.oracle.mutants" in text
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(text.replace(f"kvoracle.oracle.mutants.{m.cache_class.__qualname__}(",
+                                  "kvoracle.kvcache.manager.CacheManager("))
+    assert "CacheManager(" in fixed.read_text()
+    done = subprocess.run([sys.executable, "-c", f"import kvoracle.kvcache.manager\nexec(open({str(fixed)!r}).read())"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
 
 def test_refused_admission_leaves_no_trace() -> None:

@@ -1,5 +1,5 @@
-"""A toy engine with a prefix cache and one planted bug, and its kvoracle adapter: the
-worked example of docs/engines.md. Check it with
+"""A toy engine with a prefix cache, chunked prefill and one planted bug, and its
+kvoracle adapter: the worked example of docs/engines.md. Check it with
 
     kvoracle check --adapter docs/examples/toy_engine.py:ToyAdapter --show
 
@@ -25,6 +25,7 @@ class ToyEngine:
         self.cached: dict[int, int] = {}  # prefix hash -> block
         self.refs: dict[int, int] = {}  # cached block -> requests using it
         self.tables: dict[str, list[int]] = {}
+        self.prompts: dict[str, list[int]] = {}  # each running request's tokens so far
 
     def _prefixes(self, tokens: Sequence[int]) -> list[int]:
         full = len(tokens) // self.block_size
@@ -47,9 +48,28 @@ class ToyEngine:
             self.cached[h] = b
             self.refs[b] = 1
         self.tables[rid] = table
+        self.prompts[rid] = list(tokens)
+        return True
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> bool:
+        """The next chunk of a running request's prompt: blocks for its tokens, and each
+        full block it completes cached, unless another request cached that prefix first
+        (then the block stays the request's own)."""
+        table, seen = self.tables[rid], self.prompts[rid]
+        need = -(-(len(seen) + len(tokens)) // self.block_size) - len(table)
+        if need > len(self.free_list):
+            return False
+        table += [self.free_list.pop() for _ in range(need)]
+        done = len(self._prefixes(seen))
+        seen += tokens
+        for h, b in list(zip(self._prefixes(seen), table))[done:]:
+            if h not in self.cached:
+                self.cached[h] = b
+                self.refs[b] = 1
         return True
 
     def finish(self, rid: str) -> None:
+        del self.prompts[rid]
         for b in self.tables.pop(rid):
             if b in self.refs:
                 self.refs[b] -= 1
@@ -67,7 +87,7 @@ class ToyEngine:
 class ToyAdapter(Scripted):
     name = "toy"
     block_size = 2
-    operations = frozenset({Op.ADMIT, Op.FINISH, Op.EVICT})
+    operations = frozenset({Op.ADMIT, Op.PREFILL, Op.FINISH, Op.EVICT})
     bad_inputs = frozenset({BadInput.DOUBLE_FINISH})
     preamble = (
         "import sys\n"
@@ -82,8 +102,7 @@ class ToyAdapter(Scripted):
         "    assert len(set(engine.free_list) | set(engine.refs)) == 6, 'LIVE-DRAIN: a block is lost'\n"
     )
 
-    def __init__(self) -> None:
-        super().__init__()
+    def bind(self) -> None:
         self.engine: Any = self.namespace["engine"]
 
     def admit(self, rid: str, tokens: Sequence[int]) -> int:
@@ -91,6 +110,10 @@ class ToyAdapter(Scripted):
         if not self.run(f"_ = engine.admit({rid!r}, {list(tokens)})"):
             raise NoRoom(rid)
         return sum(h in before for h in self.engine._prefixes(tokens))
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        if not self.run(f"_ = engine.prefill({rid!r}, {list(tokens)})"):
+            raise NoRoom(rid)
 
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
         raise NotImplementedError  # Op.GROW is not declared

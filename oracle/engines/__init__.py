@@ -70,12 +70,14 @@ def load_adapter(spec: str) -> type:
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"--adapter: {where} has no class {cls_name}")
+    if where.endswith(".py"):  # a reproduction finds it again by this, from anywhere
+        setattr(cls, "kvoracle_source", f"{Path(where).resolve()}:{cls_name}")
     protocol_of(cls)  # raises, naming what is missing
     return cls
 
 
 def _members(protocol: type) -> set[str]:
-    optional = {"grow", "evict"} if protocol is EngineAdapter else set()
+    optional = {"prefill", "grow", "evict"} if protocol is EngineAdapter else set()
     return {n for n in [*vars(protocol), *protocol.__annotations__] if not n.startswith("_")} - optional
 
 

@@ -157,8 +157,7 @@ class FastDeployAdapter(Scripted):
     preamble = PREAMBLE
     assertions = ASSERTIONS
 
-    def __init__(self) -> None:
-        super().__init__()
+    def bind(self) -> None:
         self.pcm: Any = self.namespace["pcm"]
         self.running: Any = self.namespace["running"]
 
@@ -169,6 +168,9 @@ class FastDeployAdapter(Scripted):
             raise NoRoom(f"can_allocate_gpu_blocks refused {rid}")
         assert isinstance(matched, int)
         return matched // BLOCK
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        raise NotImplementedError("Op.PREFILL is not declared: admit places the whole prompt")
 
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
         if self.run(f"_ = grow({rid}, {list(tokens)})") is None:

@@ -2,8 +2,9 @@
 its mutants, the way it checks any engine:
 
 - ReferenceAdapter (here; oracle.engine, the engine machine): admit = match +
-  allocate + commit of the full blocks; grow = allocate + commit; finish = release;
-  evict = evict_gpu (one tier: evicted blocks are dropped).
+  allocate + commit of the full blocks; prefill and grow = allocate + commit (each
+  chunk caches the full blocks it completes); finish = release; evict = evict_gpu (one
+  tier: evicted blocks are dropped).
 - ReferenceCache (reference_cache.py; oracle.tiered, the cache machine).
 - ReferenceScheduler (reference_scheduler.py; oracle.serving, the scheduler machine).
 """
@@ -16,6 +17,7 @@ from typing import Any
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, blocks_for
 from kvoracle.oracle.engines.reference_cache import gpu_observation
+from kvoracle.spec.actions import Drop, SwapOutTo
 from kvoracle.spec.hashing import block_hashes
 
 GPU_BLOCKS = 6
@@ -67,6 +69,9 @@ class ReferenceAdapter(Scripted):
         self._commit(rid)
         return hits
 
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        self.grow(rid, tokens)
+
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
         held = self.tokens[rid]
         have = blocks_for(len(held), self.block_size)
@@ -82,7 +87,7 @@ class ReferenceAdapter(Scripted):
 
     def evict(self, blocks: int) -> int:
         rep: Any = self.run(f"_ = cache.evict_gpu({blocks})")
-        return len(rep.steps)
+        return sum(1 for step in rep.steps if isinstance(step, Drop | SwapOutTo))
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         c = self.cache

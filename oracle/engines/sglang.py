@@ -116,8 +116,14 @@ def place(req, matched):  # None: no room, and the match is unlocked
     return matched
 
 
+running = {{}}  # the requests placed and not finished, as a scheduler keeps them
+
+
 def admit(req):
-    return place(req, match(req))
+    placed = place(req, match(req))
+    if placed is not None:
+        running[req.rid] = req
+    return placed
 
 
 def grow(req, tokens):
@@ -143,6 +149,7 @@ def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a
     tree.unlock(req.lock)
     req.lock = None
     rows.free_rows([req.kv.req_pool_idx])
+    running.pop(req.rid, None)
 """
 
 
@@ -189,20 +196,21 @@ class SglangAdapter(Scripted):
     preamble = PREAMBLE
     assertions = ASSERTIONS
 
-    def __init__(self) -> None:
-        super().__init__()
+    def bind(self) -> None:
         self.alloc: Any = self.namespace["alloc"]
         self.tree: Any = self.namespace["tree"]
         self.rows: Any = self.namespace["rows"]
-        self.live: dict[str, Any] = {}
+        self.live: dict[str, Any] = self.namespace["running"]  # type: ignore[assignment]
 
     def admit(self, rid: str, tokens: Sequence[int]) -> int:
         self.run(f"{rid} = request({rid!r}, {list(tokens)})")
         matched = self.run(f"_ = admit({rid})")
         if matched is None:
             raise NoRoom(f"{rid}: no pages")
-        self.live[rid] = self.namespace[rid]
         return int(matched) // PAGE
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        raise NotImplementedError("Op.PREFILL is not declared: admit places the whole prompt")
 
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
         if self.run(f"_ = grow({rid}, {list(tokens)})") is None:
@@ -210,7 +218,6 @@ class SglangAdapter(Scripted):
 
     def finish(self, rid: str) -> None:
         self.run(f"finish({rid})")
-        del self.live[rid]
 
     def evict(self, blocks: int) -> int:
         done: Any = self.run(f"_ = tree.evict(EvictParams(num_tokens={blocks * PAGE}))")

@@ -152,8 +152,7 @@ class VllmAdapter(Scripted):
     preamble = PREAMBLE
     assertions = ASSERTIONS
 
-    def __init__(self) -> None:
-        super().__init__()
+    def bind(self) -> None:
         self.mgr: Any = self.namespace["mgr"]
         self.pool: Any = self.namespace["pool"]
 
@@ -164,6 +163,9 @@ class VllmAdapter(Scripted):
         if got is None:
             raise NoRoom(f"allocate_slots refused {rid}")
         return int(hit_tokens) // BLOCK
+
+    def prefill(self, rid: str, tokens: Sequence[int]) -> None:
+        raise NotImplementedError("Op.PREFILL is not declared: admit places the whole prompt")
 
     def grow(self, rid: str, tokens: Sequence[int]) -> None:
         if self.run(f"_ = grow({rid}, {list(tokens)})") is None:
@@ -215,8 +217,8 @@ class VllmSchedulerAdapter(VllmAdapter):
     operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH})
     preamble = SCHEDULER_PREAMBLE
 
-    def __init__(self) -> None:
-        super().__init__()
+    def bind(self) -> None:
+        super().bind()
         self.sched: Any = self.namespace["sched"]
 
     def admit(self, rid: str, tokens: Sequence[int]) -> int:

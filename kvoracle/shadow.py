@@ -1,0 +1,1122 @@
+"""Shadow mode: kvoracle's checks riding along inside a running engine and its own tests.
+
+    shadow = kvoracle.shadow.attach(mgr, engine="vllm")        # tests: raise on an alarm
+    shadow = kvoracle.shadow.attach(mgr, engine="vllm", mode="record")  # serving: record, go on
+
+`attach` wraps the methods an observer names on the engine's objects. After each
+*outermost* call that returns normally (a wrapped method called by another wrapped
+method is part of its caller), shadow evaluates every property of spec/ that the
+observation allows: spec.invariants.check on a view built by oracle.engine.view_of,
+LIVE-EXIT when the call ends a request, LIVE-DRAIN at the audit when nothing is live.
+Shadow never judges by itself: it builds views and runs spec's predicates on them.
+
+It never changes the engine's behaviour: arguments reach the engine as given (summaries
+never iterate a one-shot iterator), results come back untouched, and an exception the
+engine raises passes through as the same object (with a note added when spec judges
+that raise: LIVE-EXIT on an exit path that raised). The only thing shadow may raise is ShadowAlarm,
+after a call that returned normally, in "raise" mode.
+
+Cost stays bounded. An observer that can say which blocks a call changed gets an
+incremental check: the observation restricted to those blocks (in runs of ids), and a
+full check confirms any incremental alarm before it is reported. An observer that
+cannot gets a full check every `interval` calls. A full audit runs every `full_every`
+calls, and at the end (`audit()`, the pytest plugin's end of test, process exit).
+
+On a violation the report (an Alarm) names the property ID, the blocks involved, the
+last N calls that touched those blocks (a bounded ring buffer of calls with their
+arguments summarised), and a reproduction file: the engine rebuilt from the observer's
+preamble, shadow attached, and the calls made since attach replayed.
+
+The pytest plugin lives in this module:
+
+    pytest -p kvoracle.shadow --kvoracle-shadow vllm [--kvoracle-shadow-report]
+
+attaches to every engine object the test session creates, prints a summary, and fails
+the session on an alarm unless asked only to report. For a process you do not write:
+
+    KVORACLE_SHADOW=vllm[,report] python -m kvoracle.shadow -m your.server --args
+    KVORACLE_SHADOW=vllm[,report] python -c "import kvoracle.shadow; ..."   # on import
+
+docs/shadow.md is the user's page.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import inspect
+import itertools
+import os
+import re
+import sys
+import tempfile
+import threading
+import types
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
+
+from kvoracle.oracle.engine import Observation, view_of
+from kvoracle.spec import invariants, liveness
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.view import View
+
+if TYPE_CHECKING:
+    import pytest
+
+_T = TypeVar("_T")
+_MISSING = object()
+MAX_ALARMS = 1000  # kept per tally (serving runs long: the count by ID goes on)
+ENV = "KVORACLE_SHADOW"  # ENGINE[,report]
+ENV_DIR = "KVORACLE_SHADOW_DIR"  # where reproduction files go
+Mode = Literal["raise", "record"]
+
+# The observers kvoracle ships, by engine name (importing them does not import the engine).
+ENGINES: dict[str, str] = {
+    "vllm": "kvoracle.oracle.engines.shadow_vllm:VllmObserver",
+    "sglang": "kvoracle.oracle.engines.shadow_sglang:SglangObserver",
+}
+
+__all__ = ["ENGINES", "Alarm", "Call", "Invocation", "Observer", "ObserverBase", "Shadow", "ShadowAlarm", "Tally",
+           "attach", "install", "restrict", "summarise", "uninstall"]
+
+
+# --- what a call is, as the observer and the ring buffer see it -------------------------
+
+
+class Invocation:
+    """One outermost call in progress: `target` is the observer's label for the object
+    ("mgr", "pool"), `method` the method's name; args and kwargs as the caller passed them."""
+
+    __slots__ = ("target", "method", "args", "kwargs")
+
+    def __init__(self, target: str, method: str, args: tuple[object, ...], kwargs: Mapping[str, object]) -> None:
+        self.target, self.method, self.args, self.kwargs = target, method, args, kwargs
+
+    def arg(self, position: int, name: str, default: object = None) -> object:
+        """The argument at `position`, or passed as `name`."""
+        if position < len(self.args):
+            return self.args[position]
+        return self.kwargs.get(name, default)
+
+    @property
+    def name(self) -> str:
+        return f"{self.target}.{self.method}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call in the ring buffer: numbered in order, arguments and outcome summarised, and
+    the blocks it changed (None: the observer could not say)."""
+
+    seq: int
+    name: str
+    args: str
+    outcome: str
+    blocks: frozenset[int] | None
+    where: str = ""  # the test that made it (pytest plugin)
+
+    def __str__(self) -> str:
+        touched = "blocks ?" if self.blocks is None else f"blocks {_ids(self.blocks)}" if self.blocks else "no block"
+        return f"#{self.seq} {self.name}({self.args}) {self.outcome}  [{touched}]"
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """A property of spec/ found broken after a call (`violation` is spec's own verdict)."""
+
+    violation: Violation
+    engine: str
+    blocks: tuple[int, ...]  # the blocks the verdict names (else those the call changed)
+    after: Call
+    history: tuple[Call, ...]  # oldest first: the last calls that touched those blocks
+    reproduction: str | None  # path of the reproduction file, if one was written
+    check: str  # "incremental" (confirmed by a full check), "full", "exit", "raise", "audit"
+
+    @property
+    def id(self) -> str:
+        return self.violation.id
+
+    @property
+    def message(self) -> str:
+        return self.violation.message
+
+    def report(self) -> str:
+        where = f" (in {self.after.where})" if self.after.where else ""
+        lines = [f"{self.violation}",
+                 f"  engine:  {self.engine}, found by the {self.check} check after call #{self.after.seq}{where}",
+                 f"  blocks:  {_ids(self.blocks) or 'not named by the verdict'}",
+                 f"  after:   {self.after}",
+                 f"  history: the last {len(self.history)} calls that touched "
+                 f"{'these blocks' if self.blocks else 'the engine'} (oldest first)"]
+        lines += [f"    {c}" for c in self.history]
+        if self.reproduction:
+            lines.append(f"  reproduction: python {self.reproduction}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+class ShadowAlarm(AssertionError):
+    """Raised in "raise" mode after the call that broke a property; `.alarms` hold them."""
+
+    def __init__(self, alarms: Sequence[Alarm]) -> None:
+        self.alarms = list(alarms)
+        super().__init__("kvoracle shadow: " + "\n".join(a.report() for a in self.alarms))
+
+
+# --- the observer -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """How shadow sees one engine instance: which methods to wrap, and how to observe.
+
+    Required: `targets` and `observe`. Everything else has a default in ObserverBase:
+    an observer that can say which blocks a call changed (`after`) and observe a range of
+    ids (`observe_range`) gets incremental checks; one that cannot is checked in full at
+    an interval."""
+
+    engine: ClassVar[str]  # a name for reports
+    classes: ClassVar[tuple[str, ...]]  # "module:Class" of the engine objects it attaches to
+    block_size: int
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        """(label, object, method names) to wrap; the first object is the one attached to."""
+        ...
+
+    def ids(self) -> range:
+        """Every block id the engine may hand out."""
+        ...
+
+    def observe(self) -> Observation:
+        """The full observation (oracle.engine.Observation); resynchronises any index."""
+        ...
+
+    def observe_range(self, ids: range) -> Observation | None:
+        """The observation restricted to `ids` (ids=ids, every structure cut to them), or
+        None: not supported (checks are full, at an interval)."""
+        ...
+
+    def before(self, call: Invocation) -> object:
+        """Note what `after` will need (runs before the engine's method); returns a token."""
+        ...
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        """Update the observer's bookkeeping after a normal return; the blocks the call
+        changed (empty: none), or None when it cannot say."""
+        ...
+
+    def exiting(self, call: Invocation) -> str | None:
+        """The request (a table name) that this call ends, for LIVE-EXIT; None: none."""
+        ...
+
+    def table(self, request: str) -> Collection[int]:
+        """The blocks `request` lists now (for LIVE-EXIT)."""
+        ...
+
+    def on_raise(self, call: Invocation, error: BaseException) -> list[Violation]:
+        """spec's verdict (spec.liveness, e.g. live_evict) on a call that raised, beyond
+        LIVE-EXIT, which shadow evaluates itself on an exit that raised; [] for none."""
+        ...
+
+    def quiescent(self) -> bool:
+        """Nothing is live: every block must be free or reclaimable (LIVE-DRAIN)."""
+        ...
+
+    def describe(self, value: object) -> str | None:
+        """A short summary of an engine value for the ring buffer; None: the default."""
+        ...
+
+    def reproduction(self) -> tuple[str, str] | None:
+        """(preamble that rebuilds this engine, the expression naming the object attached
+        to); None: it cannot be rebuilt."""
+        ...
+
+    def statement(self, call: Invocation) -> str | None:
+        """The call as a statement in the preamble's namespace (before it runs); None:
+        it cannot be written down (the reproduction then stops there)."""
+        ...
+
+
+class ObserverBase:
+    """Defaults for every optional part of the Observer Protocol."""
+
+    engine: ClassVar[str] = "engine"
+    classes: ClassVar[tuple[str, ...]] = ()
+    block_size: int = 1
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        raise NotImplementedError
+
+    def ids(self) -> range:
+        return self.observe().ids
+
+    def observe(self) -> Observation:
+        raise NotImplementedError
+
+    def observe_range(self, ids: range) -> Observation | None:
+        return None
+
+    def before(self, call: Invocation) -> object:
+        return None
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        return None
+
+    def exiting(self, call: Invocation) -> str | None:
+        return None
+
+    def table(self, request: str) -> Collection[int]:
+        return (self.observe().tables or {}).get(request, ())
+
+    def on_raise(self, call: Invocation, error: BaseException) -> list[Violation]:
+        return []
+
+    def quiescent(self) -> bool:
+        return not (self.observe().tables or {})
+
+    def describe(self, value: object) -> str | None:
+        return None
+
+    def reproduction(self) -> tuple[str, str] | None:
+        return None
+
+    def statement(self, call: Invocation) -> str | None:
+        return None
+
+
+def restrict(o: Observation, ids: range) -> Observation:
+    """A full observation cut to `ids` (an observer's observe_range when its full
+    observation is cheap: correct, not cheaper). Counters and the tree are left out."""
+
+    def cut(blocks: Iterable[int]) -> tuple[int, ...]:
+        return tuple(b for b in blocks if b in ids)
+
+    tables = None if o.tables is None else {r: t for r, t in ((r, cut(t)) for r, t in o.tables.items()) if t}
+    return replace(
+        o, ids=ids, free=None if o.free is None else cut(o.free),
+        evictable=None if o.evictable is None else cut(o.evictable), tables=tables,
+        cached=None if o.cached is None else frozenset(cut(o.cached)),
+        refcounts=None if o.refcounts is None else {b: n for b, n in o.refcounts.items() if b in ids},
+        counters={}, pinned=None if o.pinned is None else frozenset(cut(o.pinned)),
+        in_flight=None if o.in_flight is None else cut(o.in_flight), nodes=None, findable=None,
+    )
+
+
+# --- the session ------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What shadow did, over one or many attached objects (the plugin shares one)."""
+
+    engines: int = 0
+    calls: int = 0  # outermost calls seen
+    checked: int = 0  # calls after which properties were evaluated
+    incremental: int = 0  # of those, incrementally
+    full: int = 0  # full evaluations (interval, audits, confirmations)
+    alarms: list[Alarm] = field(default_factory=list)
+    by_id: Counter[str] = field(default_factory=Counter)
+    internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
+    unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
+
+    def summary(self, engine: str = "", alarms: int = 20) -> str:
+        head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
+                f"{self.calls} calls, {self.checked} checked ({self.incremental} incrementally), "
+                f"{self.full} full checks, {sum(self.by_id.values())} alarm(s)")
+        lines = [head]
+        if self.by_id:
+            lines.append("alarms by ID: " + ", ".join(f"{k} {n}" for k, n in sorted(self.by_id.items())))
+        for a in self.alarms[:alarms]:
+            lines.append(a.report())
+        if len(self.alarms) > alarms:
+            lines.append(f"... and {len(self.alarms) - alarms} more")
+        if self.unconfirmed:
+            lines.append(f"note: {self.unconfirmed} incremental finding(s) were not confirmed by a full check")
+        for e in self.internal[:5]:
+            lines.append(f"shadow's own error (the engine was not affected): {e}")
+        return "\n".join(lines)
+
+
+_BLOCKS = re.compile(r"\b(?:blocks?|id) (\[[\d, ]*\]|\d+)")
+_attached: dict[int, weakref.ref[Shadow]] = {}
+_context = ""  # the test in progress (set by the pytest plugin)
+
+
+def _ids(blocks: Iterable[int], most: int = 12) -> str:
+    s = sorted(blocks)
+    text = ", ".join(map(str, s[:most]))
+    return text + (f", ... ({len(s)} in all)" if len(s) > most else "")
+
+
+def _named_blocks(message: str) -> set[int]:
+    """The block ids a verdict's message names (spec's messages say "block 3", "blocks [3, 4]")."""
+    out: set[int] = set()
+    for m in _BLOCKS.finditer(message):
+        out.update(int(x) for x in re.findall(r"\d+", m.group(1)))
+    return out
+
+
+def _runs(blocks: Iterable[int], gap: int) -> list[range]:
+    """Sorted ids as ranges, joining neighbours less than `gap` apart."""
+    s = sorted(set(blocks))
+    if not s:
+        return []
+    out: list[range] = []
+    start = prev = s[0]
+    for b in s[1:]:
+        if b - prev > gap:
+            out.append(range(start, prev + 1))
+            start = b
+        prev = b
+    out.append(range(start, prev + 1))
+    return out
+
+
+def summarise(value: object, describe: Callable[[object], str | None] = lambda v: None, depth: int = 0) -> str:
+    """A short text for a value. Never iterates anything but a list, tuple, set or dict,
+    so a one-shot iterator passed to the engine stays intact."""
+    d = describe(value)
+    if d is not None:
+        return d
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+    if isinstance(value, list | tuple | set | frozenset):
+        if depth >= 2:
+            return f"{type(value).__name__}[{len(value)}]"
+        items = [summarise(v, describe, depth + 1) for v in itertools.islice(value, 5)]
+        more = f", ... {len(value)} items" if len(value) > 5 else ""
+        brackets = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        return f"{brackets[0]}{', '.join(items)}{more}{brackets[1]}"
+    if isinstance(value, dict):
+        return f"{{{len(value)} items}}"
+    return type(value).__name__
+
+
+class _Script:
+    """The calls since attach as statements, up to a limit (beyond it: not replayable)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lines: list[str] = []
+        self.broken = "" if limit > 0 else "reproductions are off (script_limit=0)"
+
+    def add(self, statement: str | None, call: str) -> None:
+        if self.broken:
+            return
+        if statement is None:
+            self.broken = f"{call} cannot be written as a statement"
+        elif len(self.lines) >= self.limit:
+            self.broken = f"more than {self.limit} calls were made (script_limit)"
+            self.lines = []
+        else:
+            self.lines.append(statement)
+
+
+class Shadow:
+    """One attached engine object: its wrappers, ring buffer, checks and alarms."""
+
+    def __init__(self, observer: Observer, *, engine_spec: str, mode: Mode = "raise", interval: int = 1,
+                 full_every: int = 1000, incremental: bool = True, history: int = 20, ring: int = 1000,
+                 gap: int = 8, report_dir: str | Path | None = None, script_limit: int = 10_000,
+                 tally: Tally | None = None) -> None:
+        if mode not in ("raise", "record"):
+            raise ValueError(f"mode must be 'raise' or 'record', not {mode!r}")
+        self.observer = observer
+        self.engine_spec = engine_spec
+        self.mode: Mode = mode
+        self.interval = max(1, interval)
+        self.full_every = full_every
+        self.incremental = incremental
+        self.history_size = history
+        self.ring: deque[Call] = deque(maxlen=ring)
+        self.gap = gap
+        self.report_dir = Path(report_dir or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "kvoracle-shadow")
+        self.own = Tally()
+        self.tallies = [self.own] if tally is None or tally is self.own else [self.own, tally]
+        self._count("engines")
+        self.alarms: list[Alarm] = []  # this object's
+        self.seen: set[tuple[str, str]] = set()
+        self.active = True
+        self.calls = 0
+        self._since_full = 0
+        self._stale = False  # a call raised: the observer's bookkeeping may be behind
+        self._seen_views: dict[range, View] = {}  # this call's incremental views, by range
+        self._local = threading.local()
+        self._wrapped: list[tuple[object, str, object]] = []  # (object, name, what was there)
+        self._rebuild = self._safely(observer.reproduction, None)
+        self._script = _Script(script_limit if self._rebuild is not None else 0)
+        if self._rebuild is None and script_limit:
+            self._script.broken = f"the {observer.engine} observer cannot rebuild this engine"
+        self._ids = observer.ids()
+        if not self._script.broken and not self._safely(self._fresh, False):
+            self._script.broken = "shadow attached to an engine already in use (a replay starts from a fresh one)"
+        self._reports = 0
+        for label, obj, names in observer.targets():
+            for name in names:
+                if callable(getattr(obj, name, None)):
+                    self._wrap(label, obj, name)
+
+    def _fresh(self) -> bool:
+        """The engine is as its preamble builds it: nothing held, cached or missing."""
+        o = self.observer.observe()
+        return not o.tables and not o.cached and set(o.free or ()) == set(self._ids)
+
+    # -- wrapping ------------------------------------------------------------------------
+
+    def _wrap(self, label: str, obj: object, name: str) -> None:
+        original = getattr(obj, name)
+        instance = getattr(obj, "__dict__", {})
+        self._wrapped.append((obj, name, instance.get(name, _MISSING)))
+        local, shadow = self._local, self
+
+        @functools.wraps(original)
+        def wrapper(*args: object, **kwargs: object) -> object:
+            if getattr(local, "depth", 0) or not shadow.active:
+                return original(*args, **kwargs)
+            local.depth = 1
+            try:
+                call = Invocation(label, name, args, kwargs)
+                noted = shadow._before(call)
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as error:
+                    shadow._raised(call, noted, error)
+                    raise
+                shadow._returned(call, noted, result)
+                return result
+            finally:
+                local.depth = 0
+
+        setattr(obj, name, wrapper)
+
+    def detach(self) -> None:
+        """Put the engine's methods back; the object runs as if never attached."""
+        self.active = False
+        for obj, name, was in reversed(self._wrapped):
+            if was is _MISSING:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, name, was)
+        self._wrapped.clear()
+
+    def __enter__(self) -> Shadow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self.audit()
+        finally:
+            self.detach()
+
+    # -- around each outermost call ----------------------------------------------------
+
+    def _safely(self, f: Callable[..., _T], default: _T, *args: object) -> _T:
+        """Run shadow's own work; an error in it is noted and never reaches the engine."""
+        try:
+            return f(*args)
+        except ShadowAlarm:
+            raise
+        except Exception as e:  # noqa: BLE001 - shadow must not break the engine
+            for t in self.tallies:
+                if len(t.internal) < 100:
+                    t.internal.append(f"{type(e).__name__}: {e}")
+            return default
+
+    def _before(self, call: Invocation) -> _Noted:
+        token = self._safely(self.observer.before, None, call)
+        statement = None if self._script.broken else self._safely(self.observer.statement, None, call)
+        exiting = self._safely(self.observer.exiting, None, call)
+        before = None if exiting is None else self._safely(self._exit_before, None, exiting)
+        args = self._safely(summarise_args, "?", call, self.observer.describe)
+        return _Noted(token, args, statement, before)
+
+    def _record(self, call: Invocation, noted: _Noted, outcome: str, blocks: frozenset[int] | None) -> Call:
+        self.calls += 1
+        self._count("calls")
+        entry = Call(self.calls, call.name, noted.args, outcome, blocks, _context)
+        self.ring.append(entry)
+        statement = noted.statement
+        if statement is not None and outcome.startswith("raised"):
+            statement = f"with suppress(Exception):  # {outcome}\n" + "\n".join(
+                "    " + line for line in statement.splitlines())
+        self._script.add(statement, call.name)
+        return entry
+
+    def _raised(self, call: Invocation, noted: _Noted, error: BaseException) -> None:
+        def judge() -> None:
+            self._stale = True  # the observer did not see this call end: its index may be behind
+            entry = self._record(call, noted, f"raised {type(error).__name__}: {str(error)[:80]}", None)
+            found = self.observer.on_raise(call, error)
+            if noted.exit is not None:  # an exit path that raised: did the request give back its blocks?
+                request, _, before = noted.exit
+                after = self._view(self.observer.observe())
+                self._count("full")
+                for b in before:
+                    found += liveness.live_exit(b, after, request)
+            new = self._alarms(found, entry, "raise", frozenset())
+            if new and isinstance(error, Exception):
+                for a in new:
+                    error.add_note(f"kvoracle shadow: {a.report()}")
+
+        self._safely(judge, None)
+
+    def _returned(self, call: Invocation, noted: _Noted, result: object) -> None:
+        none: list[Alarm] = []
+        new = self._safely(self._judge, none, call, noted, result)
+        if new and self.mode == "raise":
+            raise ShadowAlarm(new)
+
+    def _count(self, what: str, n: int = 1) -> None:
+        for t in self.tallies:
+            setattr(t, what, getattr(t, what) + n)
+
+    def _judge(self, call: Invocation, noted: _Noted, result: object) -> list[Alarm]:
+        self._seen_views.clear()
+        touched = self.observer.after(call, noted.token, result)
+        blocks = None if touched is None else frozenset(touched)
+        entry = self._record(call, noted, "-> " + summarise(result, self.observer.describe), blocks)
+        self._since_full += 1
+        found: list[Violation] = []
+        how = ""
+        incremental = self.incremental and not self._stale and blocks is not None
+        if incremental and blocks:
+            inc = self._incremental(blocks)
+            if inc is None:
+                incremental = False
+            else:
+                self._count("incremental")
+                how = "incremental"
+                if inc:  # confirmed on the full view before anyone hears of it
+                    found = self._full()
+                    if not found:
+                        self._count("unconfirmed")
+        if not incremental and (self._stale or self._since_full >= self.interval):
+            found, how = self._full(), "full"
+        elif self.full_every and self._since_full >= self.full_every:
+            found, how = found + self._full(), how or "full"
+        if noted.exit is not None:
+            request, runs, before = noted.exit
+            after = self._exit_after(runs)
+            if after is not None:
+                for b, a in zip(before, after):
+                    found += liveness.live_exit(b, a, request)
+                how = how or "exit"
+        if how:
+            self._count("checked")
+        return self._alarms(found, entry, how or "full", blocks or frozenset())
+
+    def _full(self) -> list[Violation]:
+        self._count("full")
+        self._since_full = 0
+        self._stale = False
+        return invariants.check(self._view(self.observer.observe()))
+
+    def _view(self, o: Observation) -> View:
+        return view_of(o, block_size=self.observer.block_size)
+
+    def _incremental(self, blocks: frozenset[int]) -> list[Violation] | None:
+        """spec's invariants on the observation cut to the changed blocks; None: the
+        observer cannot do it here (or a block outside its ids changed)."""
+        ids = self._ids
+        if any(b not in ids for b in blocks):
+            return None
+        found: list[Violation] = []
+        self._seen_views.clear()
+        for run in _runs(blocks, self.gap):
+            o = self.observer.observe_range(run)
+            if o is None:
+                return None
+            view = self._seen_views[run] = self._view(o)
+            found += invariants.check(view)
+        return found
+
+    def _ranges(self, runs: list[range]) -> list[View] | None:
+        """Views of these ranges (the ones the incremental check just built are reused)."""
+        views: list[View] = []
+        for r in runs:
+            v = self._seen_views.get(r)
+            if v is None:
+                o = self.observer.observe_range(r)
+                if o is None:
+                    return None
+                v = self._view(o)
+            views.append(v)
+        return views
+
+    def _exit_before(self, request: str) -> tuple[str, list[range] | None, list[View]] | None:
+        """LIVE-EXIT's "before": views over the request's blocks (cut to runs when the
+        observer can), else the full view when every call is checked in full anyway."""
+        if self.incremental and not self._stale:
+            runs = _runs((b for b in self.observer.table(request) if b in self._ids), self.gap)
+            views = self._ranges(runs)
+            if views is not None:
+                return request, runs, views
+        if self.interval > 1:
+            return None  # no full views at every exit: INV-CONSERVE at the next full check covers it
+        return request, None, [self._view(self.observer.observe())]
+
+    def _exit_after(self, runs: list[range] | None) -> list[View] | None:
+        return [self._view(self.observer.observe())] if runs is None else self._ranges(runs)
+
+    # -- alarms --------------------------------------------------------------------------
+
+    def _alarms(self, found: Sequence[Violation], entry: Call, check: str, touched: frozenset[int]) -> list[Alarm]:
+        new: list[Alarm] = []
+        for v in invariants.by_severity(list(found)):
+            key = (v.id, v.message)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            named = _named_blocks(v.message) or set(touched)
+            alarm = Alarm(v, self.observer.engine, tuple(sorted(named)), entry, self._history(named), None, check)
+            new.append(alarm)
+        if new:
+            path = self._safely(self._reproduce, None, new, entry)
+            new = [replace(a, reproduction=path) for a in new]
+            self.alarms += new[:max(0, MAX_ALARMS - len(self.alarms))]
+            for t in self.tallies:  # every alarm is counted; the first MAX_ALARMS are kept
+                t.alarms += new[:max(0, MAX_ALARMS - len(t.alarms))]
+                t.by_id.update(a.id for a in new)
+        return new
+
+    def _history(self, blocks: Collection[int]) -> tuple[Call, ...]:
+        """The last calls that touched `blocks` (a call that could not say counts), oldest first."""
+        out: list[Call] = []
+        for c in reversed(self.ring):
+            if not blocks or c.blocks is None or not c.blocks.isdisjoint(blocks):
+                out.append(c)
+                if len(out) >= self.history_size:
+                    break
+        return tuple(reversed(out))
+
+    def _reproduce(self, alarms: Sequence[Alarm], entry: Call) -> str | None:
+        if self._rebuild is None or self._reports >= 20:
+            return None
+        self._reports += 1
+        preamble, target = self._rebuild
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        path = self.report_dir / f"{self.observer.engine}-{os.getpid()}-{id(self):x}-{self._reports}.py"
+        head = [f"# kvoracle shadow reproduction: {self.observer.engine}, after call #{entry.seq} {entry.name}",
+                *(f"# {a.id}: {a.message}" for a in alarms)]
+        if self._script.broken:
+            head += [f"# Not a full replay: {self._script.broken}.",
+                     "# It rebuilds the engine and checks it; the last calls shadow saw were:",
+                     *(f"#   {c}" for c in self.ring)]
+            body: list[str] = []
+        else:
+            head.append(f"# Replays the {len(self._script.lines)} calls made since shadow attached; "
+                        f"expect ShadowAlarm {alarms[0].id}.")
+            body = self._script.lines
+        attach_line = (f"shadow = kvoracle.shadow.attach({target}, engine={self.engine_spec!r}, mode='raise', "
+                       f"interval=1, full_every=1, script_limit=0)")
+        text = "\n".join([*head, "", "from contextlib import suppress", "", preamble.rstrip(), "",
+                          "import kvoracle.shadow", "", attach_line, *body,
+                          "shadow.audit()", "print('kvoracle shadow: the replay raised no alarm')", ""])
+        path.write_text(text)
+        return str(path)
+
+    # -- audits and reports ----------------------------------------------------------------
+
+    def audit(self) -> list[Alarm]:
+        """A full check now, plus LIVE-DRAIN when nothing is live (reclaimable blocks
+        count as freed: the drain's eviction would free them). Raises in "raise" mode."""
+        entry = Call(self.calls, "audit", "", "", None, _context)
+        if not self._wrapped and not self.active:
+            return []
+
+        def run() -> list[Alarm]:
+            found = self._full()
+            if self.observer.quiescent():
+                o = self.observer.observe()
+                drained = replace(o, free=(o.free or ()) + (o.evictable or ()), evictable=())
+                found += liveness.drained(self._view(drained))
+            return self._alarms(found, entry, "audit", frozenset())
+
+        none: list[Alarm] = []
+        new = self._safely(run, none)
+        if new and self.mode == "raise":
+            raise ShadowAlarm(new)
+        return new
+
+    def history(self) -> list[Call]:
+        return list(self.ring)
+
+    @property
+    def tally(self) -> Tally:
+        """What shadow did on this object."""
+        return self.own
+
+    def summary(self) -> str:
+        return self.own.summary(self.observer.engine)
+
+
+@dataclass(frozen=True)
+class _Noted:
+    token: object
+    args: str
+    statement: str | None
+    exit: tuple[str, list[range] | None, list[View]] | None
+
+
+def summarise_args(call: Invocation, describe: Callable[[object], str | None]) -> str:
+    parts = [summarise(a, describe) for a in call.args]
+    parts += [f"{k}={summarise(v, describe)}" for k, v in call.kwargs.items()]
+    return ", ".join(parts)
+
+
+# --- the API ----------------------------------------------------------------------------
+
+
+def observer_class(engine: str | type) -> type:
+    """An observer class: a name from ENGINES, `module:Class`, `path/file.py:Class`, or a class."""
+    if isinstance(engine, type):
+        return engine
+    spec = ENGINES.get(engine, engine)
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"unknown shadow engine {engine!r}: use one of {', '.join(ENGINES)}, MODULE:CLASS "
+                         f"or FILE.py:CLASS")
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        module_name = f"_kvoracle_shadow_{path.stem}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            loaded = importlib.util.spec_from_file_location(module_name, path)
+            if loaded is None or loaded.loader is None:
+                raise ValueError(f"no observer file {where}")
+            module = importlib.util.module_from_spec(loaded)
+            sys.modules[module_name] = module
+            loaded.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{where} has no observer class {name}")
+    return cls
+
+
+def engine_spec(engine: str | type) -> str:
+    """How a reproduction file names the observer again: its ENGINES name, MODULE:CLASS
+    for a class in a package, else FILE.py:CLASS."""
+    if isinstance(engine, str):
+        return engine
+    here = f"{engine.__module__}:{engine.__qualname__}"
+    for name, spec in ENGINES.items():
+        if spec == here:
+            return name
+    if "." in engine.__module__ and not engine.__module__.startswith("_kvoracle_shadow_"):
+        return here
+    return f"{inspect.getfile(engine)}:{engine.__qualname__}"
+
+
+def attach(obj: object, engine: str | type, *, mode: Mode = "raise", interval: int = 1,
+           full_every: int = 1000, incremental: bool = True, history: int = 20, ring: int = 1000, gap: int = 8,
+           report_dir: str | Path | None = None, script_limit: int = 10_000, tally: Tally | None = None) -> Shadow:
+    """Attach shadow checks to a live engine object (see the module's docstring).
+
+    mode        "raise": ShadowAlarm after the call that broke a property (tests);
+                "record": keep the alarm in `.alarms` and go on (serving)
+    interval    without incremental support, a full check every `interval` calls
+    full_every  a full audit every `full_every` calls even with incremental checks (0: only at the end)
+    history     how many past calls an alarm shows; ring: how many the buffer keeps
+    gap         changed blocks closer than this are checked as one range of ids
+    script_limit  calls kept as statements for the reproduction file (0: none)
+    """
+    known = _attached.get(id(obj))
+    existing = known() if known is not None else None
+    if existing is not None and existing.active:
+        return existing
+    observer = cast(Observer, observer_class(engine)(obj))
+    shadow = Shadow(observer, engine_spec=engine_spec(engine), mode=mode, interval=interval, full_every=full_every,
+                    incremental=incremental, history=history, ring=ring, gap=gap, report_dir=report_dir,
+                    script_limit=script_limit, tally=tally)
+    if len(_attached) > 1000:  # forget objects that are gone
+        for key in [k for k, ref in _attached.items() if ref() is None]:
+            del _attached[key]
+    _attached[id(obj)] = weakref.ref(shadow)
+    return shadow
+
+
+# --- attaching to every engine object a process creates ---------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback on a module right after it is first imported."""
+
+    def __init__(self, name: str, callback: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _LoaderThen(spec.loader, self.callback)
+        return spec
+
+
+class _LoaderThen(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, then: Callable[[types.ModuleType], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+    def __getattr__(self, name: str) -> object:  # resource readers and the like
+        return getattr(self.loader, name)
+
+
+@dataclass
+class _Install:
+    engine: str
+    make: Callable[[object], Shadow]
+    tally: Tally
+    sessions: list[Shadow] = field(default_factory=list)  # strong: until their audit
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def new_object(self, obj: object) -> None:
+        try:
+            self.sessions.append(self.make(obj))
+        except Exception as e:  # noqa: BLE001 - never break the engine's construction
+            self.tally.internal.append(f"attach to {type(obj).__name__}: {type(e).__name__}: {e}")
+
+    def audit(self) -> None:
+        """The end-of-run audit of every object attached so far; then let them go."""
+        sessions, self.sessions = self.sessions, []
+        for s in sessions:
+            if s.active:
+                try:
+                    s.audit()
+                except ShadowAlarm:
+                    pass  # recorded in the tally either way
+
+
+_installs: dict[str, _Install] = {}
+
+
+def _hook_class(path: str, on_new: Callable[[object], None]) -> Callable[[], None]:
+    """Call `on_new(obj)` after each construction of exactly that class; returns the undo."""
+    module_name, _, qualname = path.partition(":")
+    undo: list[Callable[[], None]] = []
+
+    def patch(module: types.ModuleType) -> None:
+        cls = module
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        assert isinstance(cls, type)
+        had = cls.__dict__.get("__init__", _MISSING)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: object, *args: object, **kwargs: object) -> None:
+            init(self, *args, **kwargs)
+            if type(self) is cls:
+                on_new(self)
+
+        type.__setattr__(cls, "__init__", __init__)
+
+        def restore() -> None:
+            if had is _MISSING:
+                type.__delattr__(cls, "__init__")
+            else:
+                type.__setattr__(cls, "__init__", had)
+
+        undo.append(restore)
+
+    if module_name in sys.modules:
+        patch(sys.modules[module_name])
+    else:
+        finder = _AfterImport(module_name, patch)
+        sys.meta_path.insert(0, finder)
+        undo.append(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None)
+
+    def undo_all() -> None:
+        for u in reversed(undo):
+            u()
+
+    return undo_all
+
+
+def install(engine: str | type, *, mode: Mode = "record", interval: int = 1, full_every: int = 1000,
+            incremental: bool = True, history: int = 20, ring: int = 1000, gap: int = 8,
+            report_dir: str | Path | None = None, script_limit: int = 10_000, tally: Tally | None = None) -> Tally:
+    """Attach (as `attach` does, with these options) to every object of the observer's
+    engine classes created from now on, including when their module is imported later.
+    Returns the tally they share."""
+    spec = engine_spec(engine)
+    if spec in _installs:
+        return _installs[spec].tally
+    cls = observer_class(engine)
+    shared = tally if tally is not None else Tally()
+
+    def make(obj: object) -> Shadow:
+        return attach(obj, cls, mode=mode, interval=interval, full_every=full_every, incremental=incremental,
+                      history=history, ring=ring, gap=gap, report_dir=report_dir, script_limit=script_limit,
+                      tally=shared)
+
+    inst = _Install(spec, make, shared)
+    for path in getattr(cls, "classes", ()):
+        inst.undo.append(_hook_class(path, inst.new_object))
+    _installs[spec] = inst
+    return shared
+
+
+def uninstall(engine: str | type | None = None) -> None:
+    """Stop attaching to new objects (objects already attached stay attached)."""
+    for spec in [engine_spec(engine)] if engine is not None else list(_installs):
+        inst = _installs.pop(spec, None)
+        if inst is not None:
+            for u in reversed(inst.undo):
+                u()
+
+
+def _parse_env(value: str) -> tuple[str, Mode]:
+    engine, _, rest = value.partition(",")
+    flags = {f.strip() for f in rest.split(",") if f.strip()}
+    unknown = flags - {"report", "raise"}
+    if unknown or not engine.strip():
+        raise ValueError(f"{ENV}={value!r}: want ENGINE[,report]")
+    return engine.strip(), "record" if "report" in flags else "raise"
+
+
+def install_from_env(environ: Mapping[str, str] | None = None) -> Tally | None:
+    """`KVORACLE_SHADOW=ENGINE[,report]`: install for this process; audit and print the
+    summary to stderr at exit."""
+    value = (environ if environ is not None else os.environ).get(ENV, "")
+    if not value:
+        return None
+    engine, mode = _parse_env(value)
+    tally = install(engine, mode=mode)
+    inst = _installs[engine_spec(engine)]
+
+    name = str(getattr(observer_class(engine), "engine", engine))
+
+    def at_exit() -> None:
+        inst.audit()
+        print(tally.summary(name), file=sys.stderr)
+
+    atexit.register(at_exit)
+    return tally
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m kvoracle.shadow [--engine E] [--report] (-m MODULE | SCRIPT) [ARGS...]"""
+    import argparse
+    import runpy
+
+    p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", description=main.__doc__)
+    p.add_argument("--engine", help=f"the observer (default: ${ENV}); one of {', '.join(ENGINES)} or MODULE:CLASS")
+    p.add_argument("--report", action="store_true", help="record alarms and go on (default: raise)")
+    p.add_argument("-m", dest="module", help="run a module as __main__")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    if a.engine:
+        os.environ[ENV] = a.engine + (",report" if a.report else "")
+    if not os.environ.get(ENV):
+        p.error(f"name the engine: --engine or {ENV}")
+    if not any(i.engine == _parse_env(os.environ[ENV])[0] for i in _installs.values()):
+        install_from_env()
+    if a.module:
+        sys.argv = [a.module, *a.rest]
+        runpy.run_module(a.module, run_name="__main__", alter_sys=True)
+    elif a.rest:
+        sys.argv = list(a.rest)
+        runpy.run_path(a.rest[0], run_name="__main__")
+    else:
+        p.error("nothing to run: -m MODULE or SCRIPT")
+    return 0
+
+
+# --- the pytest plugin (pytest -p kvoracle.shadow --kvoracle-shadow ENGINE) --------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvoracle-shadow", "kvoracle shadow mode: check every engine object the tests create")
+    group.addoption("--kvoracle-shadow", metavar="ENGINE", default=None,
+                    help=f"attach to every engine object of ENGINE ({', '.join(ENGINES)}, MODULE:CLASS or "
+                         f"FILE.py:CLASS of an observer)")
+    group.addoption("--kvoracle-shadow-report", action="store_true",
+                    help="only report alarms: do not fail the session")
+    group.addoption("--kvoracle-shadow-history", type=int, default=10, metavar="N",
+                    help="calls shown per alarm (default 10)")
+    group.addoption("--kvoracle-shadow-interval", type=int, default=1, metavar="N",
+                    help="without incremental checks, a full check every N calls (default 1)")
+    group.addoption("--kvoracle-shadow-dir", default=None, metavar="DIR",
+                    help="where reproduction files go (default: $KVORACLE_SHADOW_DIR or the temp dir)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    engine = config.getoption("kvoracle_shadow", None)
+    if engine:
+        config.pluginmanager.register(_Plugin(config, str(engine)), "kvoracle-shadow-session")
+
+
+class _Plugin:
+    def __init__(self, config: pytest.Config, engine: str) -> None:
+        self.engine = engine
+        self.report_only = bool(config.getoption("kvoracle_shadow_report"))
+        self.tally = install(engine, mode="record", history=config.getoption("kvoracle_shadow_history"),
+                             interval=config.getoption("kvoracle_shadow_interval"),
+                             report_dir=config.getoption("kvoracle_shadow_dir"))
+        self.inst = _installs[engine_spec(engine)]
+        self.name = str(getattr(observer_class(engine), "engine", engine))
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        global _context
+        _context = item.nodeid
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        global _context
+        _context = nodeid
+        self.inst.audit()  # the full audit at the end of each test, of what it created
+        _context = ""
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.inst.audit()
+        if self.tally.alarms and not self.report_only:
+            import pytest
+
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.section("kvoracle shadow")
+        for line in self.tally.summary(self.name).splitlines():
+            terminalreporter.write_line(line)
+        if self.tally.alarms and not self.report_only:
+            terminalreporter.write_line("the session fails on these alarms (--kvoracle-shadow-report: only report)")
+
+    def pytest_unconfigure(self) -> None:
+        uninstall(self.engine)
+
+
+if os.environ.get(ENV) and __name__ != "__main__":
+    install_from_env()
+
+if __name__ == "__main__":
+    from kvoracle import shadow as _imported  # the installed copy, where the hooks live
+
+    sys.exit(_imported.main())

@@ -1,0 +1,372 @@
+"""Shadow mode (kvoracle.shadow) on the toy engine of docs/examples, whose `evict` leaves
+the hash map pointing at a block it frees: shadow catches it, with its history, without
+changing what the engine does. Also the pytest plugin and KVORACLE_SHADOW."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import types
+import sys
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from kvoracle import shadow
+from kvoracle.oracle.engine import Observation
+from kvoracle.shadow import Invocation, ObserverBase, ShadowAlarm, attach, restrict
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "docs" / "examples"
+sys.path.insert(0, str(EXAMPLES))
+toy = importlib.import_module("toy_engine")  # docs/examples/toy_engine.py
+ToyAdapter: Any = toy.ToyAdapter
+ToyEngine: Any = toy.ToyEngine
+
+pytest_plugins = ("pytester",)
+OBSERVER = f"{Path(__file__).resolve()}:ToyObserver"
+
+
+class ToyObserver(ObserverBase):
+    """The toy engine as shadow sees it: its adapter's observation (docs/examples), the
+    blocks each call changed, and each call as a statement for the reproduction."""
+
+    engine = "toy"
+    classes = ("toy_engine:ToyEngine",)
+
+    def __init__(self, engine: object) -> None:
+        self.e: Any = cast(Any, engine)
+        self.block_size = int(self.e.block_size)
+        held = {b for t in self.e.tables.values() for b in t}
+        self.blocks = max([*self.e.free_list, *self.e.refs, *held], default=-1) + 1
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        return [("engine", self.e, ("admit", "prefill", "finish", "evict"))]
+
+    def ids(self) -> range:
+        return range(self.blocks)
+
+    def observe(self) -> Observation:
+        o: Observation = ToyAdapter.observe(SimpleNamespace(engine=self.e))
+        return replace(o, ids=self.ids())
+
+    def observe_range(self, ids: range) -> Observation | None:
+        return restrict(self.observe(), ids)
+
+    def before(self, call: Invocation) -> object:
+        if call.method == "finish":
+            return tuple(self.e.tables.get(call.arg(0, "rid"), ()))
+        if call.method == "evict":
+            return frozenset(self.e.refs)
+        return None
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        if call.method in ("admit", "prefill"):
+            return tuple(self.e.tables.get(call.arg(0, "rid"), ())) if result else ()
+        if call.method == "finish":
+            return cast(tuple[int, ...], token)
+        return cast(frozenset[int], token) - set(self.e.refs)  # evict: the blocks that left the cache
+
+    def exiting(self, call: Invocation) -> str | None:
+        return str(call.arg(0, "rid")) if call.method == "finish" else None
+
+    def table(self, request: str) -> Collection[int]:
+        return tuple(self.e.tables.get(request, ()))
+
+    def reproduction(self) -> tuple[str, str] | None:
+        return (f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nfrom toy_engine import ToyEngine\n"
+                f"engine = ToyEngine(blocks={self.blocks}, block_size={self.block_size})\n", "engine")
+
+    def statement(self, call: Invocation) -> str | None:
+        if call.kwargs or not all(isinstance(a, str | int | list) for a in call.args):
+            return None
+        return f"engine.{call.method}({', '.join(map(repr, call.args))})"
+
+
+def planted(e: Any) -> None:
+    """The calls that bring out the toy's bug: r-c matches the prefix r-a left in the
+    hash map, but evict gave its blocks back: block 5 is free, block 4 is r-b's."""
+    e.admit("a", [1, 2, 3, 4])
+    e.finish("a")
+    e.evict(2)
+    e.admit("b", [7])
+    e.admit("c", [1, 2, 3, 4])
+
+
+def test_planted_bug_is_caught_with_its_history(tmp_path: Path) -> None:
+    e = ToyEngine(blocks=6, block_size=2)
+    s = attach(e, engine=ToyObserver, report_dir=tmp_path)
+    with pytest.raises(ShadowAlarm) as caught:
+        planted(e)
+    alarms = caught.value.alarms
+    first = alarms[0]
+    assert first.id == "INV-NO-UAF" and "block 5" in first.message, first.report()
+    assert {a.id for a in alarms} >= {"INV-NO-UAF", "INV-CONSERVE", "INV-REFCOUNT"}
+    assert first.check == "incremental"  # found on the changed blocks, confirmed on the full view
+    assert 5 in first.blocks
+    assert first.after.name == "engine.admit" and "'c'" in first.after.args
+    # the story of block 5: admitted for a, released, evicted (still hashed), matched by c
+    assert [c.name for c in first.history] == ["engine.admit", "engine.finish", "engine.evict", "engine.admit"]
+    assert "'a'" in first.history[0].args and first.history[2].outcome == "-> 2"
+    assert "engine.evict(2)" in first.report() and "reproduction:" in first.report()
+    assert s.tally.by_id["INV-NO-UAF"] == 1 and s.tally.calls == 5
+
+
+def test_reproduction_file_replays_the_alarm(tmp_path: Path) -> None:
+    e = ToyEngine(blocks=6, block_size=2)
+    attach(e, engine=ToyObserver, mode="record", report_dir=tmp_path)
+    planted(e)
+    path = shadow._attached[id(e)]()
+    assert path is not None and path.alarms[0].reproduction is not None
+    text = Path(path.alarms[0].reproduction).read_text()
+    assert "engine.evict(2)" in text and "engine = ToyEngine(blocks=6, block_size=2)" in text
+    done = subprocess.run([sys.executable, path.alarms[0].reproduction], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "INV-NO-UAF" in done.stderr, done.stderr[-2000:]
+
+
+def test_record_mode_goes_on_and_the_engine_does_what_it_did_unshadowed() -> None:
+    plain, watched = ToyEngine(blocks=6, block_size=2), ToyEngine(blocks=6, block_size=2)
+    s = attach(watched, engine=ToyObserver, mode="record")
+    for e in (plain, watched):
+        planted(e)
+        e.finish("b")
+        e.finish("c")
+    assert vars(plain) == {k: v for k, v in vars(watched).items() if k not in ("admit", "prefill", "finish", "evict")}
+    assert [a.id for a in s.alarms][:1] == ["INV-NO-UAF"] and s.calls == 7
+    assert plain.admit("d", [5, 5]) is watched.admit("d", [5, 5]) is True
+
+
+def test_full_checks_agree_with_incremental_ones() -> None:
+    inc, full = ToyEngine(blocks=6, block_size=2), ToyEngine(blocks=6, block_size=2)
+    a = attach(inc, engine=ToyObserver, mode="record")
+    b = attach(full, engine=ToyObserver, mode="record", incremental=False)
+    planted(inc)
+    planted(full)
+    assert [x.id for x in a.alarms] == [x.id for x in b.alarms]
+    assert a.tally.incremental == 5 and b.tally.incremental == 0 and b.tally.full == 5
+
+
+def test_an_interval_checks_every_nth_call_and_the_audit_catches_up() -> None:
+    e = ToyEngine(blocks=6, block_size=2)
+    s = attach(e, engine=ToyObserver, mode="record", incremental=False, interval=10)
+    planted(e)
+    assert s.alarms == [] and s.tally.full == 0
+    assert s.audit()[0].id == "INV-NO-UAF" and s.alarms[0].check == "audit"
+
+
+def leaky_toy() -> Any:
+    """A toy engine whose finish forgets the request's private (unhashed) blocks."""
+    e = ToyEngine(blocks=6, block_size=2)
+
+    def finish(self: Any, rid: str) -> None:
+        for b in self.tables.pop(rid):
+            if b in self.refs:
+                self.refs[b] -= 1
+
+    e.finish = types.MethodType(finish, e)
+    return e
+
+
+def test_a_lost_block_on_exit_is_live_exit() -> None:
+    e = leaky_toy()
+    s = attach(e, engine=ToyObserver, mode="record")
+    e.admit("a", [1, 2, 3])  # one full block (cached), one partial (private)
+    e.finish("a")
+    ids = {a.id for a in s.alarms}
+    assert "LIVE-EXIT" in ids and "INV-CONSERVE" in ids, [str(a.violation) for a in s.alarms]
+    assert any("lost on exit" in a.message for a in s.alarms)
+
+
+def test_an_exit_that_raises_is_live_exit_and_the_exception_passes_through() -> None:
+    e = ToyEngine(blocks=6, block_size=2)
+    error = OSError("storage write failed")
+
+    def finish(self: Any, rid: str) -> None:
+        raise error  # before the request's blocks go back
+
+    e.finish = types.MethodType(finish, e)
+    s = attach(e, engine=ToyObserver)
+    e.admit("a", [1, 2, 3])
+    with pytest.raises(OSError) as raised:
+        e.finish("a")
+    assert raised.value is error and "LIVE-EXIT" in "".join(error.__notes__)
+    assert s.alarms[0].id == "LIVE-EXIT" and "request a still holds blocks" in s.alarms[0].message
+
+
+def test_lost_blocks_fail_the_drain_at_the_audit() -> None:
+    e = leaky_toy()
+    s = attach(e, engine=ToyObserver, mode="record", incremental=False, interval=100)
+    e.admit("a", [1, 2, 3])
+    e.finish("a")
+    assert {a.id for a in s.audit()} >= {"INV-CONSERVE", "LIVE-DRAIN"}
+
+
+# --- the engine's behaviour is untouched ------------------------------------------------
+
+
+class Echo:
+    """An engine that returns what it is given and raises what it is told to."""
+
+    def __init__(self) -> None:
+        self.free_list = [0, 1]
+
+    def give(self, value: object) -> object:
+        return value
+
+    def fail(self, error: BaseException) -> None:
+        raise error
+
+    def consume(self, items: Iterable[int]) -> list[int]:
+        return list(items)
+
+    def outer(self, value: object) -> object:
+        return self.give(value)  # a wrapped method calling another: one outermost call
+
+
+class EchoObserver(ObserverBase):
+    engine = "echo"
+
+    def __init__(self, engine: object) -> None:
+        self.e: Any = cast(Any, engine)
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        return [("echo", self.e, ("give", "fail", "consume", "outer"))]
+
+    def observe(self) -> Observation:
+        return Observation(ids=range(2), free=tuple(self.e.free_list), tables={}, cached=frozenset(),
+                           refcounts={})
+
+
+def test_results_and_exceptions_pass_through_untouched() -> None:
+    e = Echo()
+    s = attach(e, engine=EchoObserver)
+    thing = object()
+    assert e.give(thing) is thing and e.outer(thing) is thing
+    error = ValueError("the engine's own")
+    with pytest.raises(ValueError) as raised:
+        e.fail(error)
+    assert raised.value is error and not getattr(error, "__notes__", None)
+    assert e.consume(x for x in range(3)) == [0, 1, 2]  # summaries never iterate a generator
+    assert e.consume(reversed([1, 2])) == [2, 1]
+    names = [c.name for c in s.history()]
+    assert names == ["echo.give", "echo.outer", "echo.fail", "echo.consume", "echo.consume"]
+    assert s.history()[2].outcome.startswith("raised ValueError") and s.alarms == []
+
+
+def test_an_alarm_is_raised_only_in_raise_mode_and_never_replaces_an_exception() -> None:
+    e = Echo()
+    s = attach(e, engine=EchoObserver)
+    e.free_list.append(1)  # a double free behind the engine's back
+    with pytest.raises(ShadowAlarm, match="INV-CONSERVE"):
+        e.give(1)
+    e.free_list.append(0)
+    with pytest.raises(KeyError):  # the engine's exception wins; the alarm waits for a normal return
+        e.fail(KeyError("x"))
+    with pytest.raises(ShadowAlarm):
+        e.give(1)
+    assert {a.id for a in s.alarms} == {"INV-CONSERVE"} and any("[0, 1]" in a.message for a in s.alarms)
+
+
+def test_shadow_own_errors_never_reach_the_engine() -> None:
+    class Broken(EchoObserver):
+        def observe(self) -> Observation:
+            raise RuntimeError("observer bug")
+
+        def ids(self) -> range:
+            return range(2)
+
+    e = Echo()
+    s = attach(e, engine=Broken)
+    assert e.give(3) == 3
+    assert s.tally.internal and "observer bug" in s.tally.internal[0]
+
+
+def test_ring_is_bounded_and_detach_restores_the_methods() -> None:
+    e = ToyEngine(blocks=6, block_size=2)
+    s = attach(e, engine=ToyObserver, ring=3)
+    assert attach(e, engine=ToyObserver) is s  # one shadow per object
+    for i in range(5):
+        e.admit(f"r{i}", [i])
+        e.finish(f"r{i}")
+    assert len(s.history()) == 3 and s.history()[-1].seq == 10
+    s.detach()
+    assert "admit" not in vars(e) and e.admit("x", [1]) is True and s.calls == 10
+
+
+def test_summaries_are_short_and_never_consume() -> None:
+    gen = (x for x in range(3))
+    assert shadow.summarise(gen) == "generator"
+    assert list(gen) == [0, 1, 2]
+    assert shadow.summarise(list(range(100))) == "[0, 1, 2, 3, 4, ... 100 items]"
+    assert shadow.summarise({"a": 1}) == "{1 items}"
+
+
+def test_env_value_is_parsed() -> None:
+    assert shadow._parse_env("vllm") == ("vllm", "raise")
+    assert shadow._parse_env("sglang,report") == ("sglang", "record")
+    with pytest.raises(ValueError):
+        shadow._parse_env("vllm,loud")
+
+
+# --- the pytest plugin and the environment variable -----------------------------------
+
+
+TOY_TESTS = f"""
+import sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from toy_engine import ToyEngine
+
+
+def test_the_planted_bug():
+    e = ToyEngine(blocks=6, block_size=2)
+    e.admit("a", [1, 2, 3, 4]); e.finish("a"); e.evict(2); e.admit("b", [7]); e.admit("c", [1, 2, 3, 4])
+
+
+def test_fine():
+    e = ToyEngine(blocks=6, block_size=2)
+    e.admit("a", [1, 2]); e.finish("a")
+"""
+
+
+# -p kvoracle.shadow is imported already here (this file uses it): no assertion rewriting to warn about
+PLUGIN = ("-p", "kvoracle.shadow", "--kvoracle-shadow", OBSERVER, "-p", "no:cacheprovider",
+          "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+def test_plugin_attaches_to_every_engine_and_fails_the_session(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_toy=TOY_TESTS)
+    result = pytester.runpytest_inprocess(*PLUGIN, "--kvoracle-shadow-dir", str(tmp_path))
+    result.assert_outcomes(passed=2)  # the tests themselves pass: the engine ran as ever
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*kvoracle shadow*", "kvoracle shadow (toy): 2 engine object(s), 7 calls, 7 checked*",
+                                 "alarms by ID: INV-CONSERVE 2, INV-NO-UAF 1, INV-REFCOUNT 1",
+                                 "INV-NO-UAF: request c lists GPU block 5, which is on the free list",
+                                 "*/test_toy.py::test_the_planted_bug)", "*engine.evict(2)*", "*reproduction:*"])
+    assert not hasattr(ToyEngine.__init__, "__wrapped__")  # the class is as it was after the session
+
+
+def test_plugin_only_reports_when_asked(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_toy=TOY_TESTS)
+    result = pytester.runpytest_inprocess(*PLUGIN, "--kvoracle-shadow-report", "--kvoracle-shadow-dir", str(tmp_path))
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*4 alarm(s)*", "alarms by ID: INV-CONSERVE 2, INV-NO-UAF 1, INV-REFCOUNT 1"])
+
+
+def test_environment_variable_attaches_in_a_process_we_do_not_write(tmp_path: Path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text(TOY_TESTS + "\ntest_the_planted_bug()\nprint('served')\n")
+    env = {**os.environ, shadow.ENV: f"{OBSERVER},report", shadow.ENV_DIR: str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr[-2000:]
+    assert "1 engine object(s), 5 calls" in done.stderr and "INV-NO-UAF" in done.stderr
+    env[shadow.ENV] = OBSERVER  # raise mode: the alarm stops the process at the bad call
+    done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "served" not in done.stdout
