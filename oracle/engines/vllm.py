@@ -4,7 +4,8 @@ admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slo
          also caches the full blocks); refused when allocate_slots returns None
 grow   = append_output_token_ids + allocate_slots for the new tokens
 finish = KVCacheManager.free (cached blocks stay in the free queue, evictable)
-evict  = none: vLLM evicts lazily, when get_new_blocks reuses a cached free block
+evict  = BlockPool.evict_blocks of up to n cached blocks in the free queue (vLLM
+         otherwise evicts lazily, when get_new_blocks reuses a cached free block)
 
 Block 0 is vLLM's null block and is never handed out; the usable ids are 1..N-1.
 Runs in `.venv-vllm` (`make engines`); importing this module does not import vLLM.
@@ -147,7 +148,7 @@ if not held:  # nothing holds a block: every usable block is back in the free qu
 class VllmAdapter(Scripted):
     name = "vllm"
     block_size = BLOCK
-    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH})
+    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.DOUBLE_FINISH})
     preamble = PREAMBLE
     assertions = ASSERTIONS
@@ -175,7 +176,11 @@ class VllmAdapter(Scripted):
         self.run(f"mgr.free({rid})")
 
     def evict(self, blocks: int) -> int:
-        raise NotImplementedError("vLLM evicts lazily; Op.EVICT is not declared")
+        idle = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None]
+        if not idle:
+            return 0
+        self.run(f"pool.evict_blocks({set(idle[:blocks])})")
+        return len(idle[:blocks])
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         if kind is BadInput.DOUBLE_FREE:
@@ -214,7 +219,7 @@ class VllmSchedulerAdapter(VllmAdapter):
     """
 
     name = "vllm-scheduler"
-    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH})
+    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     preamble = SCHEDULER_PREAMBLE
 
     def bind(self) -> None:
