@@ -24,8 +24,8 @@ def test_valid_input_keeps_every_observable_invariant(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind, first_id", [
     (BadInput.DOUBLE_FREE, "INV-CONSERVE"),  # the freed page is listed twice; more free slots than capacity
-    (BadInput.OUT_OF_RANGE, "INV-CONSERVE"),  # a page past the pool joins the free list
-    (BadInput.DOUBLE_UNLOCK, "INV-NO-UAF"),  # the prefix another request holds becomes evictable
+    (BadInput.OUT_OF_RANGE, "INV-TIER"),  # a page past the pool joins the free list
+    (BadInput.DOUBLE_UNLOCK, "INV-REFCOUNT"),  # the lock another request holds is dropped: evictable
 ])
 def test_bad_input_is_found_and_reproduces(kind: BadInput, first_id: str, tmp_path: Path) -> None:
     row = run_engine(restricted(SglangAdapter, kind), True, [0], 300, 40, tmp_path)

@@ -191,7 +191,7 @@ def _pages(slots: Any) -> tuple[int, ...]:
 class SglangAdapter(Scripted):
     name = "sglang"
     block_size = PAGE
-    operations = frozenset(Op)
+    operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_UNLOCK})
     preamble = PREAMBLE
     assertions = ASSERTIONS
