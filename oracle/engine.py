@@ -96,9 +96,11 @@ class Observation:
     waiting: frozenset[str] | None = None
     tokens: Mapping[str, int] | None = None
     # Engines with transfers: blocks in-flight transfers read (swap-out and write sources:
-    # INV-PIN), and blocks they own (destinations they fill, blocks a write took over from
-    # a request that ended). None: not observed; in_flight () says no transfer owns any.
-    pinned: frozenset[int] | None = None
+    # INV-PIN), as a set or as block -> the requests each is read for (a block a transfer
+    # reads for its own request may be in that request's table); and blocks they own
+    # (destinations they fill, blocks a write took over from a request that ended).
+    # None: not observed; in_flight () says no transfer owns any.
+    pinned: frozenset[int] | Mapping[int, tuple[str, ...]] | None = None
     in_flight: tuple[int, ...] | None = ()
     # Engines whose tree can be walked: its nodes (any names), and the nodes its eviction
     # structure (heap, leaf set) holds; a held node not in the tree is INV-HEAP-SOUND.
@@ -171,7 +173,8 @@ def tier_view(name: str, o: Observation) -> TierView:
         name, o.ids, free=o.free,
         cached=None if o.cached is None else {b: (CACHE,) for b in o.cached},
         in_flight=None if o.in_flight is None else {b: (TRANSFER,) for b in o.in_flight},
-        reads=None if o.pinned is None else {b: ("",) for b in o.pinned},
+        reads=None if o.pinned is None else (
+            dict(o.pinned) if isinstance(o.pinned, Mapping) else {b: ("",) for b in o.pinned}),
         evictable=None if o.evictable is None else frozenset(o.evictable),
         refcounts=o.refcounts, counters=o.counters, nodes=o.nodes, findable=o.findable,
     )

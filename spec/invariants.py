@@ -125,8 +125,9 @@ def inv_no_uaf(v: View) -> list[Violation]:
 
 
 def inv_pin(v: View) -> list[Violation]:
-    """INV-PIN: a block an in-flight transfer reads is neither free nor handed to a
-    request it is not read for, and its pin count equals the transfers reading it."""
+    """INV-PIN: a block an in-flight transfer reads is neither free, nor reclaimable by
+    eviction, nor handed to a request it is not read for, and its pin count equals the
+    transfers reading it."""
     out: list[Violation] = []
     private = v.owned_privately() or {}
     for t in v.tiers():
@@ -134,9 +135,12 @@ def inv_pin(v: View) -> list[Violation]:
             continue
         free = set(t.free or ())
         owner = {b: r for r, blocks in (private if t is v.gpu else {}).items() for b in blocks}
+        evictable = t.evictable or frozenset()
         for b, readers in sorted(t.reads.items()):
             if b in free:
                 out.append(Violation("INV-PIN", f"{t.name} block {b} is free while a transfer reads it"))
+            elif b in evictable:
+                out.append(Violation("INV-PIN", f"{t.name} block {b} is evictable while a transfer reads it"))
             if b in owner and owner[b] not in readers:
                 out.append(Violation("INV-PIN", f"{t.name} block {b} is read by a transfer but handed to "
                                                 f"request {owner[b]}"))

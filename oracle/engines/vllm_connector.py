@@ -1,0 +1,976 @@
+"""vLLM's full v1 Scheduler and KVCacheManager with a KV connector kvoracle controls,
+behind the scheduler Protocol (oracle.serving), for the releases 0.15.1 .. 0.33.0.
+
+The adapter plays EngineCore and the worker side of the connector; vLLM's own code is
+the Scheduler, its KVCacheManager and BlockPool, and (where a row uses one) the scheduler
+side of a real connector. Three connectors:
+
+- "kvoracle": a connector of kvoracle's own (the preamble's KvoracleConnector, loaded
+  through `kv_connector_module_path`): every new request's prompt is an asynchronous load
+  (a remote prefill: get_num_new_matched_tokens answers `(n, True)`), and every finished
+  request's KV is sent before its blocks are freed (request_finished answers True);
+- "mooncake": vLLM's MooncakeStoreConnector (0.21.0+), its lookup client (a ZMQ client to
+  the workers) replaced by kvoracle's store index; the store jobs of each step's connector
+  metadata are run by kvoracle's worker, and lookups hit what completed jobs stored, which
+  starts loads;
+- "offload": vLLM's OffloadingConnector with its CPU tier (CPUOffloadingSpec, LRU or ARC),
+  in its 0.15 .. 0.18 layout (reqs_to_store / reqs_to_load, completions by request); the
+  stores and loads of each step's metadata run by kvoracle's worker, which ends a preempted
+  request's stores at once (OffloadingConnectorWorker.handle_preemptions waits for them
+  before the next forward); the CPU tier is observed. The 0.29+ layout (job ids,
+  OffloadingWorkerMetadata) is not driven.
+
+The engine the adapter plays (the preamble's functions; vLLM's own in brackets):
+
+submit   = add_request [EngineCore.add_request]
+schedule = one engine step, if the engine would step (Scheduler.has_requests(); a "busy"
+           row steps regardless, as other traffic would make it): schedule(); the worker
+           runs the step's transfers; update_from_output with one sampled token per request
+           whose prefill is complete and the step's KVConnectorOutput [EngineCore.step].
+           With async scheduling, EngineCore.step_with_batch_queue (two steps in flight)
+finish   = finish_requests(FINISHED_STOPPED); abort = finish_requests(FINISHED_ABORTED)
+           [EngineCore.abort_requests, the output processor's stop strings]
+preempt  = what schedule() does to the request it preempts when blocks run short:
+           running.remove, then Scheduler._preempt_request [the preemption loop of
+           Scheduler.schedule; reset_prefix_cache(reset_running_requests=True) makes the same
+           call for every running request]. As after vLLM's own preemption, the request is
+           not resumed by the schedule() that reports it (it waits out one schedule());
+           releases before 0.27 report it in that SchedulerOutput's preempted_req_ids (the
+           adapter adds it, as 0.27+ does itself with reset_preempted_req_ids)
+tick(n)  = n engine steps with nothing submitted (where vLLM would step)
+evict_all= BlockPool.evict_blocks of every cached block on the free queue (vLLM evicts
+           lazily, when get_new_blocks reuses one); the CPU tier's idle blocks likewise
+
+Faults. Each I/O call of a step (a load started at update_state_after_alloc, a store job
+in the step's connector metadata, a send or store started by request_finished) takes the
+next fault of the call's faults, in order, and kvoracle's worker answers it that way: OK
+at the next step; ERROR (and RAISE, where the I/O runs on the worker: vLLM's worker-side
+connectors catch their transfer errors) reports a load's blocks invalid together with its
+finished_recving (the connector contract), a store or send as ended; PARTIAL(k) invalidates
+the blocks after the first k; HANG never answers (vLLM's scheduler has no timeout: a
+connector that never reports keeps the blocks); LATE(d) answers d steps later; TWICE
+answers at the next step and the transport's second answer, d steps later, is dropped by
+the worker (worker-side connectors report a transfer they still hold, once). RAISE on
+request_finished makes that call raise (a storage write that raises at exit); a request
+with no blocks to send makes no I/O there.
+
+Observations: GPU block ids 1..N-1 (block 0 is vLLM's null block); free = the free queue's
+blocks without a hash, cached = blocks with a hash; tables = live requests' block tables;
+pinned = blocks an in-flight load writes or an in-flight store, send or (async, KV
+consumer) model step reads, except where the transfer's own request lists the block;
+in_flight = uncached blocks vLLM holds for an in-flight transfer that no table lists;
+refcounts = ref_cnt less the references vLLM holds for transfers. A request vLLM has
+marked finished but whose exit raised before its free (request_finished raised) has not
+exited: it keeps its status and table, which is what LIVE-EXIT judges. A request holding
+blocks while it waits (WAITING_FOR_REMOTE_KVS) counts as admitted (running), as spec's
+admit with a prefetch in flight does. observe_cpu: the offloading connector's CPU tier
+(else an empty tier), with the tree its lookups walk (see observe_cpu).
+
+Importing this module does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle.engine import BadInput, Observation, Scripted
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.scheduler import Event
+from kvoracle.spec.state import EXITED, Status, System
+from kvoracle.spec.types import RequestId
+
+OLDEST, NEWEST = (0, 15, 1), (0, 33, 0)
+
+HEAD = """\
+import inspect, json, logging, os, sys, tempfile, time, types
+from collections import Counter, deque
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM first looks for a platform
+os.environ.update(HF_HUB_OFFLINE="1")
+logging.getLogger("vllm").setLevel(logging.CRITICAL)  # its notes and its own errors, at every step
+import torch
+import vllm
+logging.getLogger("vllm").setLevel(logging.CRITICAL)
+import vllm.platforms as _platforms
+if type(_platforms.current_platform).__name__ == "UnspecifiedPlatform":
+    # releases before 0.2x pick the CPU platform only for a "+cpu" build of vLLM
+    from vllm.platforms.cpu import CpuPlatform
+    _platforms._current_platform = CpuPlatform()
+if not hasattr(torch._C._cpu, "_is_avx512_supported"):  # probed by releases <= 0.17, gone from torch 2.13
+    torch._C._cpu._is_avx512_supported = lambda: False
+
+from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+try:
+    from vllm.utils.hashing import sha256
+except ImportError:
+    from vllm.utils import sha256
+"""
+
+# The tiny model: a Llama config.json, no weights, no tokenizer; the KV cache size by hand.
+CONFIG = """
+model = os.path.join(tempfile.gettempdir(), "kvoracle-tiny-llama")
+os.makedirs(model, exist_ok=True)
+with open(os.path.join(model, "config.json"), "w") as f:
+    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
+
+init_none_hash(sha256)
+hasher = get_request_block_hasher(B, sha256)
+layer = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
+tensors = []
+if CONNECTOR == "offload":  # the CPU tier is sized from the GPU tensors' layout
+    size = layer.page_size_bytes * N
+    try:
+        tensors = [KVCacheTensor(size=size, shared_by=["layer.0"])]
+    except TypeError:  # 0.29+: an explicit layout
+        tensors = [KVCacheTensor(size=size, layers=["layer.0"], layer_stride=size, block_stride=layer.page_size_bytes)]
+kv_cache_config = KVCacheConfig(num_blocks=N, kv_cache_tensors=tensors, kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
+cache_config = CacheConfig(block_size=B, enable_prefix_caching=True)
+cache_config.num_gpu_blocks = N
+scheduler_args = dict(max_num_batched_tokens=BATCH, max_num_seqs=MAX_SEQS, max_model_len=MAX_LEN,
+                      disable_hybrid_kv_cache_manager=True)
+if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters:
+    scheduler_args["is_encoder_decoder"] = False
+if CONNECTOR == "kvoracle":
+    transfer = KVTransferConfig(kv_connector="KvoracleConnector", kv_connector_module_path="kvoracle_vllm_connector",
+                                kv_role=ROLE)
+elif CONNECTOR == "mooncake":
+    transfer = KVTransferConfig(kv_connector="MooncakeStoreConnector", kv_role=ROLE,
+                                kv_connector_extra_config={"load_async": True})
+else:  # OFFLOAD: (CPU blocks, eviction policy)
+    transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role=ROLE, kv_connector_extra_config={
+        "cpu_bytes_to_use": OFFLOAD[0] * layer.page_size_bytes, "eviction_policy": OFFLOAD[1]})
+vllm_config = VllmConfig(
+    model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float16"),
+    cache_config=cache_config, scheduler_config=SchedulerConfig(**scheduler_args), kv_transfer_config=transfer)
+if ASYNC:  # the CPU platform switches async scheduling off; a GPU deployment has it on
+    vllm_config.scheduler_config.async_scheduling = True
+"""
+
+WORKER = '''
+
+# --- kvoracle's side: the worker that runs the connector's transfers, as each fault says ---
+class StorageError(RuntimeError):
+    """What request_finished raises under a RAISE fault."""
+
+
+class Transfer:
+    def __init__(self, tid, kind, req, blocks, fault, due, key=None, hashes=()):
+        self.id, self.kind, self.req, self.blocks, self.fault = tid, kind, req, list(blocks), fault
+        self.due, self.key, self.hashes = due, key, list(hashes)
+
+    def __repr__(self):
+        return f"{self.kind} {self.id} of {self.req}"
+
+
+class Worker:
+    """Runs every load, store and send the connector's scheduler side starts, and reports
+    each to the scheduler (KVConnectorOutput) when its fault says, the way vLLM's worker
+    side does: loads by finished_recving (failed blocks in invalid_block_ids with it),
+    sends by finished_sending, store jobs by job id where the connector has one, else by
+    finished_sending once a finished request has no job left."""
+
+    def __init__(self):
+        self.now = 0  # engine steps so far
+        self.plan = []  # the faults the I/O calls of the call in progress suffer, in order
+        self.live = {}  # transfer id -> Transfer, not yet reported to the scheduler
+        self.n = 0
+        self.ended = Counter()  # outcome -> transfers
+        self.started = Counter()  # kind -> transfers
+        self.injected = 0
+        self.cut_short = set()  # requests whose request_finished raised
+        self.stored = set()  # block hashes the store holds (lookups hit them)
+        self.asked = set()  # requests whose external hit was asked for
+        self.keyed_by_request = False  # store jobs end by finished_sending of their request
+
+    def fault(self):
+        f = self.plan.pop(0) if self.plan else ("ok", 0, 0)
+        if f[0] != "ok":
+            self.injected += 1
+        return f
+
+    def start(self, kind, req, blocks, key=None, hashes=(), fault=None):
+        f = self.fault() if fault is None else fault
+        due = None if f[0] == "hang" else self.now + (max(1, f[2]) if f[0] == "late" else 1)
+        t = Transfer(self.n, kind, req, blocks, f, due, key, hashes)
+        self.started[kind] += 1
+        self.n += 1
+        self.live[t.id] = t
+        return t
+
+    def of(self, req, kind=None):
+        return [t for t in self.live.values() if t.req == req and kind in (None, t.kind)]
+
+    def answers(self):
+        """The transfers whose answer is due, taken out of flight, with the items that failed.
+        A release (a finished request's free waiting for its store jobs, where jobs are
+        reported by request) answers once the request has no store job left."""
+        out = []
+        due = sorted((t for t in self.live.values() if t.due is not None and t.due <= self.now),
+                     key=lambda t: (t.kind == "release", t.id))
+        for t in due:
+            if t.kind == "release" and self.of(t.req, "store"):
+                continue
+            out.append((t, self.end(t)))
+        return out
+
+    def end(self, t):
+        """Take a transfer out of flight as its fault says; the items that failed."""
+        del self.live[t.id]
+        kind, done, _ = t.fault
+        if kind in ("error", "raise"):
+            bad = list(t.blocks)
+        elif kind == "partial":
+            bad = t.blocks[done:]
+        else:
+            bad = []
+        if t.kind != "release":
+            self.ended["ok" if not bad else "partial" if kind == "partial" else "error"] += 1
+        if t.kind == "store":
+            good = len(t.hashes) if not bad else (done if kind == "partial" else 0)
+            self.stored.update(t.hashes[:good])
+        return bad
+
+    def note_delayed(self):
+        """Where store jobs are reported by request, a finished request vLLM keeps (its
+        connector delayed the free) is released by the worker's finished_sending once its
+        jobs are done: a transfer of its own, with no I/O."""
+        if not self.keyed_by_request:
+            return
+        for rid, req in sched.requests.items():
+            if req.is_finished() and rid not in self.cut_short and not self.of(rid):
+                self.start("release", rid, [], fault=("ok", 0, 0))
+
+    def report(self):
+        """The KVConnectorOutput a worker attaches to this step's model output."""
+        recving, sending, invalid, jobs = set(), set(), set(), {}
+        for t, bad in self.answers():
+            if t.kind == "load":
+                recving.add(t.req)
+                invalid.update(bad)
+            elif t.kind in ("send", "release"):
+                sending.add(t.req)
+            elif t.key is not None:
+                jobs[t.key] = 1
+        out = KVConnectorOutput(finished_sending=sending or None, finished_recving=recving or None)
+        if invalid:
+            out.invalid_block_ids = invalid
+        if jobs:
+            out.kv_connector_worker_meta = worker_meta(jobs)
+        return out
+
+
+W = Worker()
+
+
+def faults_of(faults):
+    W.plan = list(faults)
+
+
+class KvoracleConnector(KVConnectorBase_V1):
+    """The scheduler side of a connector kvoracle controls: remote prefills (every new
+    request's full prompt blocks are loaded asynchronously) and sends (a finished
+    request's blocks are read before they are freed)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:
+            super().__init__(vllm_config, role)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        rid = request.request_id
+        if not LOADS or rid in W.asked:
+            return 0, False
+        W.asked.add(rid)
+        hit = (request.num_tokens - 1) // B * B  # full blocks; the last token is computed here
+        return (hit - num_computed_tokens, True) if hit > num_computed_tokens else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if num_external_tokens > 0:
+            fresh = [b.block_id for b in blocks.blocks[0] if b.block_hash is None and not b.is_null]
+            W.start("load", request.request_id, fresh[: num_external_tokens // B])
+
+    def build_connector_meta(self, scheduler_output):
+        return KVConnectorMetadata()
+
+    def request_finished(self, request, block_ids):
+        rid = request.request_id
+        blocks = [b for b in block_ids if b]
+        if not SENDS or not blocks or W.of(rid, "load"):  # nothing to send: no I/O
+            return False, None
+        f = W.fault()
+        if f[0] == "raise":
+            W.cut_short.add(rid)
+            W.ended["error"] += 1
+            raise StorageError(f"the KV send of {rid} failed")
+        W.start("send", rid, blocks, fault=f)
+        return True, None
+
+    # the worker role is never built here
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+
+_module = types.ModuleType("kvoracle_vllm_connector")
+_module.KvoracleConnector = KvoracleConnector
+sys.modules["kvoracle_vllm_connector"] = _module
+
+
+def worker_meta(jobs):
+    raise AssertionError(f"job-keyed completions {jobs} for a connector without them")
+
+
+def take(out):
+    """The store and load jobs of a step's connector metadata (real connectors)."""
+
+
+def on_preempt(rid):
+    """What the worker does when a request is preempted."""
+
+
+def evict_cpu():
+    """Evict the CPU tier's idle blocks (the offloading connector's)."""
+'''
+
+MOONCAKE = '''
+
+# --- MooncakeStoreConnector: kvoracle's store index answers its lookups --------------------
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import scheduler as _mooncake_scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import data as _mooncake_data
+
+
+class StoreIndex:
+    """Stands in for the lookup client (a ZMQ client of the workers' key index): hits are
+    the leading blocks completed store jobs stored, short of the prompt's last token."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def lookup(self, *args, **kwargs):
+        tokens, hashes = (args[1], args[2]) if len(args) >= 3 else (args[0], args[1])
+        hit = 0
+        for h in hashes:
+            if h not in W.stored:
+                break
+            hit += 1
+        hit = min(hit * B, (tokens - 1) // B * B)
+        result = getattr(_mooncake_data, "MooncakeLookupResult", None)
+        return hit if result is None else result(hit)
+
+    def discard(self, *args, **kwargs):
+        pass
+
+    def reset(self):
+        return True
+
+    def close(self):
+        pass
+
+
+_mooncake_scheduler.LookupKeyClient = StoreIndex
+_saves = getattr(_mooncake_data, "MooncakeStoreWorkerMetadata", None)
+W.keyed_by_request = _saves is None  # <= 0.27.1: a finished request's free waits for its jobs
+
+
+def worker_meta(jobs):
+    return _saves(completed_saves=dict(jobs))
+
+
+def take(out):
+    meta = out.kv_connector_metadata
+    for rm in getattr(meta, "requests", ()):
+        groups = rm.block_ids
+        flat = [b for g in groups for b in g] if groups and isinstance(groups[0], (list, tuple)) else list(groups)
+        spec = rm.load_spec
+        if spec is not None and spec.can_load:
+            W.start("load", rm.req_id, flat[spec.vllm_cached_tokens // B: spec.kvpool_cached_tokens // B])
+        if rm.can_save and rm.token_len_chunk > 0:
+            n = rm.token_len_chunk // B
+            W.start("store", rm.req_id, flat[:n], key=getattr(rm, "store_job_id", None), hashes=rm.block_hashes[:n])
+'''
+
+OFFLOAD_PART = '''
+
+# --- OffloadingConnector (0.15 .. 0.18 layout): kvoracle's worker runs its CPU<->GPU copies ---
+W.keyed_by_request = True  # a finished request's free waits for its stores (finished_sending)
+
+
+def _ids(spec):
+    return [int(b) for b in spec.block_ids]
+
+
+def on_preempt(rid):
+    """A preempted request's stores end before the next forward: the worker waits for
+    them (OffloadingConnectorWorker.handle_preemptions), whatever they answer."""
+    for t in W.of(rid, "store"):
+        W.end(t)
+
+
+def take(out):
+    meta = out.kv_connector_metadata
+    for rid in out.preempted_req_ids or ():
+        on_preempt(rid)
+    for rid, (src, dst) in meta.reqs_to_store.items():
+        W.start("store", rid, _ids(src))
+    for rid, (src, dst) in meta.reqs_to_load.items():
+        W.start("load", rid, _ids(dst))
+
+
+def cpu_manager():
+    return sched.connector.connector_scheduler.manager
+
+
+def evict_cpu():  # every stored CPU block no load reads, leaves first (a chain's last block first)
+    m = cpu_manager()
+    parent = {}
+    for req in REQS.values():
+        before = None
+        for h in req.block_hashes:
+            parent.setdefault(h, before)
+            before = h
+    while True:
+        parents = {parent.get(h) for h in m.blocks}
+        leaves = [h for h, b in m.blocks.items() if b.ref_cnt == 0 and h not in parents]
+        if not leaves:
+            return
+        for h in leaves:
+            m.backend.free(m.blocks.pop(h))
+'''
+
+ENGINE = '''
+
+# --- the engine: EngineCore's loop around vLLM's Scheduler --------------------------------
+sched_class = Scheduler
+if ASYNC:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler as sched_class
+sched = sched_class(vllm_config, kv_cache_config, StructuredOutputManager(vllm_config), block_size=B)
+mgr = sched.kv_cache_manager
+pool = mgr.block_pool
+REQS = {}  # every request submitted, by id (vLLM forgets a request once it is freed)
+QUEUE = deque()  # steps in flight (async scheduling): (output, blocks written, requests sampling)
+DEPTH = 2 if ASYNC else 1
+HELD = []  # requests preempted since the last schedule(): vLLM resumes none in the step that preempts it
+OUT_OF_BAND = set()  # ... and, before vLLM reported such preemptions itself (0.27), their ids
+if CONNECTOR != "kvoracle" and not hasattr(sched, "reset_preempted_req_ids"):
+    _build_meta = sched.connector.build_connector_meta
+
+    def _with_preempted(out):  # what 0.27+ does with reset_preempted_req_ids
+        out.preempted_req_ids = set(out.preempted_req_ids or ()) | OUT_OF_BAND
+        OUT_OF_BAND.clear()
+        return _build_meta(out)
+
+    sched.connector.build_connector_meta = _with_preempted
+_request_args = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
+
+
+def submit(rid, tokens):
+    REQS[rid] = req = Request(request_id=rid, prompt_token_ids=list(tokens), pooling_params=None,
+                              sampling_params=SamplingParams(max_tokens=MAX_TOKENS), block_hasher=hasher,
+                              **_request_args)
+    sched.add_request(req)
+
+
+def _dispatch():
+    out = sched.schedule()
+    for req in HELD:
+        sched.waiting.prepend_request(req)
+    HELD.clear()
+    take(out)
+    tables = mgr.coordinator.single_type_managers[0].req_to_blocks
+    writes, sampling = {}, set()
+    for rid, n in out.num_scheduled_tokens.items():
+        req = sched.requests[rid]
+        start = req.num_computed_tokens - n  # schedule() advanced it
+        writes[rid] = [b.block_id for b in tables[rid][start // B:(start + n - 1) // B + 1]]
+        if req.num_computed_tokens >= req.num_tokens:  # not a partial prefill: the step samples
+            sampling.add(rid)
+    QUEUE.appendleft((out, writes, sampling))
+    return out
+
+
+def _process():
+    out, _, sampling = QUEUE.pop()
+    ids = list(out.num_scheduled_tokens)
+    ran = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                            sampled_token_ids=[[1] if r in sampling else [] for r in ids])
+    ran.kv_connector_output = W.report()
+    sched.update_from_output(out, ran)
+
+
+def _step():
+    W.now += 1
+    if BUSY or sched.has_requests() or HELD:
+        out = _dispatch()
+        if len(QUEUE) < DEPTH and out.total_num_scheduled_tokens > 0:
+            return  # async scheduling: the next step is scheduled before this one's output
+    if QUEUE:
+        _process()
+
+
+def guarded(call, faults=()):
+    """Run one engine call under faults; the exception it raised, if any (so that a
+    reproduction runs on past it, and the checker sees it)."""
+    faults_of(faults)
+    try:
+        call()
+    except Exception as e:
+        return e
+    finally:
+        W.plan = []
+        W.note_delayed()
+    return None
+
+
+def step(faults=()):
+    return guarded(_step, faults)
+
+
+def tick(n):
+    for _ in range(n):
+        error = guarded(_step)
+        if error is not None:
+            return error
+    return None
+
+
+def _release_held(ids):  # a request preempted since the last schedule() is in the waiting queue
+    for req in [r for r in HELD if r.request_id in ids]:
+        HELD.remove(req)
+        sched.waiting.prepend_request(req)
+
+
+def finish(ids, faults=()):
+    _release_held(ids)
+    return guarded(lambda: sched.finish_requests(ids, RequestStatus.FINISHED_STOPPED), faults)
+
+
+def abort(rid, faults=()):
+    _release_held([rid])
+    return guarded(lambda: sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED), faults)
+
+
+def _preempt(rid):
+    req = sched.requests[rid]
+    sched.running.remove(req)
+    sched._preempt_request(req, time.monotonic())
+    if ASYNC and QUEUE and hasattr(req, "async_tokens_to_discard"):  # as reset_prefix_cache does (0.23)
+        req.async_tokens_to_discard = req.num_output_placeholders
+        req.num_output_placeholders = 0
+    elif ASYNC and QUEUE and hasattr(req, "discard_latest_async_tokens"):  # (<= 0.22)
+        req.num_output_placeholders = 0
+        req.discard_latest_async_tokens = True
+    getattr(sched, "prev_step_scheduled_req_ids", set()).discard(rid)
+    sched.waiting.remove_requests([req])
+    HELD.append(req)
+    OUT_OF_BAND.add(rid)
+    on_preempt(rid)
+
+
+def preempt(rid, faults=()):
+    return guarded(lambda: _preempt(rid), faults)
+
+
+def evict_all():
+    cached = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None}
+    if cached:
+        pool.evict_blocks(cached)
+    evict_cpu()
+
+'''
+
+# Stable fault serialisation for the script: (kind, done, delay).
+def _faults(faults: Sequence[Fault]) -> str:
+    return repr([(f.kind.value, f.done, f.delay) for f in faults])
+
+
+def _hash_name(h: Any) -> str:
+    raw = bytes(h)
+    return "block " + raw[:6].hex()
+
+
+def vllm_version() -> tuple[int, ...]:
+    """The installed vLLM's version (0.15.1 -> (0, 15, 1)); () when absent."""
+    try:
+        text = version("vllm")
+    except PackageNotFoundError:
+        return ()
+    return tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+ALL_KINDS = frozenset({FaultKind.RAISE, FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.HANG, FaultKind.LATE,
+                       FaultKind.TWICE})
+
+
+class VllmConnector(Scripted):
+    """vLLM 0.33.0's Scheduler with MooncakeStoreConnector: store jobs for every running
+    request, loads of what the store holds, every fault kind."""
+
+    name = "vllm-connector"
+    block_size = 4
+    gpu_blocks = 10  # vLLM's num_blocks: the null block and 9 usable
+    cpu_blocks = 0
+    timeout = 8  # ticks; longer than the longest LATE delay the machine draws (6)
+    max_tokens = 12  # a request stops by length after this many output tokens
+    max_seqs = 4
+    batch_tokens = 64  # max_num_batched_tokens: prefills of several requests share it (chunked)
+    fault_kinds: frozenset[FaultKind] = ALL_KINDS
+    refusals: Mapping[BadInput, type[Exception]] = {}  # vLLM tolerates the scheduler-level bad calls
+    # the row's options
+    connector = "mooncake"  # "kvoracle", "mooncake" or "offload"
+    role = "kv_both"
+    loads = True  # kvoracle's connector: every new request's prompt is a remote prefill
+    sends = True  # kvoracle's connector: every finished request's KV is sent before the free
+    async_scheduling = False
+    busy = False  # step even when Scheduler.has_requests() is False (other traffic)
+    eviction_policy = "lru"  # the offloading connector's CPU tier ("lru" or "arc")
+    versions: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 21, 0), NEWEST)  # MooncakeStoreConnector's
+
+    def __init__(self) -> None:
+        self.vllm = vllm_version()
+        low, high = self.versions
+        if not self.vllm or not low <= self.vllm <= high:
+            have = ".".join(map(str, self.vllm)) or "not installed"
+            raise RuntimeError(f"vLLM {have}: {type(self).__name__} drives vLLM "
+                               f"{'.'.join(map(str, low))} .. {'.'.join(map(str, high))}")
+        self.preamble = self.build_preamble()
+        super().__init__()
+
+    def build_preamble(self) -> str:
+        options = (f"B, N, MAX_LEN, MAX_TOKENS, MAX_SEQS = {self.block_size}, {self.gpu_blocks}, 64, "
+                   f"{self.max_tokens}, {self.max_seqs}\n"
+                   f"CONNECTOR, ROLE, LOADS, SENDS = {self.connector!r}, {self.role!r}, {self.loads}, {self.sends}\n"
+                   f"ASYNC, BUSY, BATCH = {self.async_scheduling}, {self.busy}, {self.batch_tokens}\n"
+                   f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n")
+        part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART}[self.connector]
+        return HEAD + options + CONFIG + WORKER + part + ENGINE
+
+    def bind(self) -> None:
+        ns = self.namespace
+        self.sched: Any = ns["sched"]
+        self.mgr: Any = ns["mgr"]
+        self.pool: Any = ns["pool"]
+        self.worker: Any = ns["W"]
+        self.reqs: dict[str, Any] = ns["REQS"]  # type: ignore[assignment]
+        self.queue: Any = ns["QUEUE"]
+        self.status: Any = ns["RequestStatus"]
+        self.pin_steps = bool(ns["ASYNC"]) and ns["ROLE"] in ("kv_consumer", "kv_both")
+
+    # --- operations ------------------------------------------------------------------------
+
+    def _call(self, statement: str) -> None:
+        error = self.run(f"_ = {statement}")
+        if isinstance(error, BaseException):
+            raise error
+
+    def submit(self, r: RequestId, tokens: Sequence[int]) -> None:
+        self.run(f"submit('r{r}', {list(tokens)})")
+
+    def schedule(self, faults: Sequence[Fault]) -> None:
+        self._call(f"step({_faults(faults)})")
+
+    def finish(self, batch: Sequence[RequestId], faults: Sequence[Fault]) -> None:
+        self._call(f"finish({[f'r{r}' for r in batch]}, {_faults(faults)})")
+
+    def preempt(self, r: RequestId, faults: Sequence[Fault]) -> None:
+        self._call(f"preempt('r{r}', {_faults(faults)})")
+
+    def abort(self, r: RequestId, faults: Sequence[Fault]) -> None:
+        self._call(f"abort('r{r}', {_faults(faults)})")
+
+    def tick(self, n: int) -> None:
+        self._call(f"tick({n})")
+
+    def evict_all(self) -> None:
+        self.run("evict_all()")
+
+    def bad_call(self, kind: BadInput) -> bool:
+        return False
+
+    # --- what the machine asks -------------------------------------------------------------
+
+    def _tables(self) -> Any:
+        return self.mgr.coordinator.single_type_managers[0].req_to_blocks
+
+    def _holds(self, rid: str) -> bool:
+        return any(b.block_id and not b.is_null for b in self._tables().get(rid, ()))
+
+    def _status(self, rid: str, req: Any) -> Status:
+        s = req.status
+        if self.status.is_finished(s):
+            if rid in self.worker.cut_short:  # its exit raised before the free: not exited
+                return Status.RUNNING if self._holds(rid) else Status.WAITING
+            return Status.ABORTED if s in (self.status.FINISHED_ABORTED, self.status.FINISHED_ERROR) \
+                else Status.FINISHED
+        if s == self.status.RUNNING or self._holds(rid):  # holding blocks (an async load): admitted
+            return Status.RUNNING
+        return Status.PREEMPTED if s == self.status.PREEMPTED else Status.WAITING
+
+    def statuses(self) -> dict[RequestId, Status]:
+        return {RequestId(int(rid[1:])): self._status(rid, req) for rid, req in self.reqs.items()}
+
+    def running(self) -> list[RequestId]:
+        return [RequestId(int(r.request_id[1:])) for r in self.sched.running
+                if r.status == self.status.RUNNING and r.request_id not in self.worker.cut_short]
+
+    def waiting(self) -> list[RequestId]:
+        return [r for r, s in self.statuses().items() if s in (Status.WAITING, Status.PREEMPTED)]
+
+    def _steps_in_flight(self) -> list[tuple[str, dict[str, list[int]]]]:
+        """(name, blocks each request's KV is written to) of each model step in flight,
+        where that counts as a transfer: async scheduling with a KV consumer, whose loads
+        are not ordered with the step's writes."""
+        if not self.pin_steps:
+            return []
+        return [(f"step {out.total_num_scheduled_tokens}@{id(out):x}", writes) for out, writes, _ in self.queue]
+
+    def transfers(self) -> list[object]:
+        live: list[object] = [repr(t) for t in self.worker.live.values()]
+        return live + [name for name, _ in self._steps_in_flight()]
+
+    def faults_injected(self) -> int:
+        return int(self.worker.injected)
+
+    def outcomes(self) -> dict[str, int]:
+        return dict(self.worker.ended)
+
+    def state(self) -> System | None:
+        return None
+
+    def events(self) -> list[Event] | None:
+        return None
+
+    def invariants(self) -> list[Violation]:
+        return []  # the machine evaluates spec's predicates on the observations
+
+    def content(self) -> list[Violation]:
+        return []
+
+    def snapshot(self) -> object:
+        o = self.observe()
+        return o.free, o.tables, o.cached, o.refcounts, self.statuses()
+
+    # --- observations ----------------------------------------------------------------------
+
+    def _transfer_held(self) -> Counter[int]:
+        """References vLLM holds on blocks on behalf of transfers: an exited request's
+        table kept until its transfer reports, a store job's references (0.28+), the
+        deferred frees of steps in flight (0.24+)."""
+        held: Counter[int] = Counter()
+        busy = {t.req for t in self.worker.live.values()}
+        if self.pin_steps:
+            busy |= {r for _, writes in self._steps_in_flight() for r in writes}
+        for rid, blocks in self._tables().items():
+            req = self.reqs.get(rid)
+            if req is not None and self._status(rid, req) in EXITED and rid in busy:
+                held.update(b.block_id for b in blocks if not b.is_null)
+        side = getattr(getattr(self.sched, "connector", None), "connector_scheduler", None)
+        for ids, _ in getattr(side, "_pinned_saves", {}).values():
+            held.update(ids)
+        for _, blocks in getattr(self.sched, "deferred_frees", ()):
+            held.update(b.block_id for b in blocks if not b.is_null)
+        return held
+
+    def observe(self) -> Observation:
+        pool = self.pool
+        queue = pool.free_block_queue.get_all_free_blocks()
+        on_queue = {b.block_id for b in queue}
+        statuses = {rid: self._status(rid, req) for rid, req in self.reqs.items()}
+        live = {rid for rid, s in statuses.items() if s not in EXITED}
+        tables = {rid: tuple(b.block_id for b in blocks if not b.is_null)
+                  for rid, blocks in self._tables().items() if rid in live}
+        tables = {rid: t for rid, t in tables.items() if t}
+        listed = {b for t in tables.values() for b in t}
+        held = self._transfer_held()
+        pinned: set[int] = set()
+        work = [(t.req, t.blocks) for t in self.worker.live.values()]
+        work += [(rid, blocks) for _, writes in self._steps_in_flight() for rid, blocks in writes.items()]
+        for rid, blocks in work:
+            own = set(tables.get(rid, ()))
+            pinned.update(b for b in blocks if b not in own and 0 < b < len(pool.blocks))
+        blocks = pool.blocks[1:]
+        return Observation(
+            ids=range(1, len(pool.blocks)),
+            free=tuple(b.block_id for b in queue if b.block_hash is None),
+            evictable=tuple(b.block_id for b in queue if b.block_hash is not None),
+            tables=tables,
+            cached=frozenset(b.block_id for b in blocks if b.block_hash is not None),
+            refcounts={b.block_id: b.ref_cnt - held[b.block_id] for b in blocks},
+            counters={"get_num_free_blocks": (pool.get_num_free_blocks(), len(queue))},
+            waiting=frozenset(rid for rid, s in statuses.items() if s in (Status.WAITING, Status.PREEMPTED)),
+            tokens={rid: int(self.reqs[rid].num_computed_tokens) for rid in tables},
+            pinned=frozenset(pinned),
+            in_flight=tuple(sorted(b for b in held if b not in listed and b not in on_queue
+                                   and pool.blocks[b].block_hash is None)),
+        )
+
+    def observe_cpu(self) -> Observation:
+        """The offloading connector's CPU tier: its blocks, free or holding a block hash
+        (stored: cached; being stored: owned by the store; read by an in-flight load:
+        pinned). The tree is the hash chains of the requests' blocks: a stored block is a
+        node of it when every block before it in its chain is stored too (lookups walk a
+        chain from its first block and stop at the first miss); eviction can find every
+        stored block (the manager's LRU/ARC order holds them all)."""
+        if self.connector != "offload":
+            return Observation(ids=range(0), free=(), cached=frozenset(), in_flight=(), pinned=frozenset())
+        m = self.namespace["cpu_manager"]()  # type: ignore[operator]
+        backend = m.backend
+        entries = dict(m.blocks)
+        ready = {h: b for h, b in entries.items() if b.ref_cnt >= 0}
+        parent = self._parents()
+        nodes = set()
+        for h in entries:
+            p = parent.get(h)
+            while p is not None and p in entries:
+                p = parent.get(p)
+            if h in parent and p is None:  # the whole chain before h is stored
+                nodes.add(h)
+        return Observation(
+            ids=range(int(backend.num_blocks)),
+            free=tuple(backend.allocated_blocks_free_list) + tuple(
+                range(backend.num_allocated_blocks, backend.num_blocks)),
+            cached=frozenset(int(b.block_id) for b in ready.values()),
+            in_flight=tuple(sorted(int(b.block_id) for h, b in entries.items() if h not in ready)),
+            pinned=frozenset(int(b.block_id) for b in ready.values() if b.ref_cnt > 0),
+            nodes=frozenset(_hash_name(h) for h in nodes),
+            findable=frozenset(_hash_name(h) for h in entries),
+        )
+
+    def _parents(self) -> dict[Any, Any]:
+        """Each block hash of every request seen, with the hash before it (None: first)."""
+        out: dict[Any, Any] = {}
+        for req in self.reqs.values():
+            before = None
+            for h in req.block_hashes:
+                out.setdefault(h, before)
+                before = h
+        return out
+
+
+# --- the hunt's rows: each steers the campaign to one real bug's path ------------------------
+
+
+class MooncakePreemptStore(VllmConnector):
+    """vLLM issue 52360 (51637), PR 52372: MooncakeStoreConnector; preemption returns a
+    request's blocks to the pool while its queued store jobs still read them (INV-PIN).
+    Buggy 0.21.0 .. 0.27.1, fixed in 0.28.0. Store jobs end late, fail or half succeed,
+    never hang (a hung job's reference is kept for good from 0.28.0 on: LIVE-TRANSFER)."""
+
+    name = "vllm-mooncake-preempt-store"
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+
+
+class AbortDuringLoad(VllmConnector):
+    """vLLM PR 32255: aborting a request while its asynchronous load is in flight
+    (WAITING_FOR_REMOTE_KVS) frees the load's destination blocks at once (INV-PIN).
+    Buggy 0.15.1, fixed in 0.16.0. No sends and no hung loads (0.16.0 waits for the load
+    of an aborted request: issue 46283); a busy engine (0.16.0 idles while an aborted
+    request's load is pending: PR 43433)."""
+
+    name = "vllm-abort-during-load"
+    connector = "kvoracle"
+    versions = (OLDEST, NEWEST)
+    sends = False
+    busy = True
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+
+
+class AsyncConsumerFree(VllmConnector):
+    """vLLM PR 45357: async scheduling with a KV consumer; a request that finishes or is
+    preempted while the next step (already dispatched) writes its KV has its blocks
+    freed at once, and another request's load may land in them (INV-PIN). Buggy
+    0.15.1 .. 0.23.0, fixed in 0.24.0. Every new request loads its prompt; no sends."""
+
+    name = "vllm-async-consumer-free"
+    connector = "kvoracle"
+    role = "kv_consumer"
+    sends = False
+    async_scheduling = True
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+    versions = (OLDEST, NEWEST)
+
+
+class IdleDelayedFree(VllmConnector):
+    """vLLM PR 43433: once a finished request whose free its connector delays (a send)
+    has been reported, Scheduler.has_requests() is False and EngineCore stops stepping:
+    the send's completion is never collected and the blocks stay held (LIVE-TRANSFER,
+    LIVE-DRAIN). Buggy 0.15.1 .. 0.21.0, fixed in 0.22.0. Sends that answer late; no loads."""
+
+    name = "vllm-idle-delayed-free"
+    connector = "kvoracle"
+    versions = (OLDEST, NEWEST)
+    loads = False
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+
+
+class AbortLoadNeverAnswers(VllmConnector):
+    """vLLM issue 46283 (PR 46289, open): an abort in WAITING_FOR_REMOTE_KVS waits for the
+    load's finished_recving; a load that never answers keeps the blocks for good
+    (LIVE-TRANSFER, LIVE-DRAIN). 0.16.0 .. 0.33.0; no release fixes it."""
+
+    name = "vllm-abort-load-never-answers"
+    connector = "kvoracle"
+    versions = (OLDEST, NEWEST)
+    sends = False
+    fault_kinds = frozenset({FaultKind.HANG})
+
+
+class FinishedRaises(VllmConnector):
+    """A connector's request_finished that raises (a storage write failing at exit):
+    Scheduler._free_request calls it before _free_blocks with nothing to catch it, so the
+    request stays FINISHED_* in the scheduler, holding its blocks (LIVE-EXIT). Every
+    release 0.15.1 .. 0.33.0; the shape of FastDeploy PR 7807."""
+
+    name = "vllm-finished-raises"
+    connector = "kvoracle"
+    versions = (OLDEST, NEWEST)
+    loads = False
+    fault_kinds = frozenset({FaultKind.RAISE})
+
+
+class OffloadPrepareStoreEvicts(VllmConnector):
+    """vLLM PR 35846: OffloadingConnector's CPU tier (LRU) makes room for a store by
+    evicting the store's own inputs that are already on CPU, so the CPU tier keeps the
+    new blocks without their prefix, unreachable by lookups (INV-TREE on the CPU tier;
+    the observation shows it as INV-HEAP-SOUND: the LRU holds blocks that are not nodes of
+    the tree lookups walk). Buggy 0.15.1 .. 0.17.1, fixed in 0.18.0. A busy engine (these
+    releases idle with a delayed free pending: PR 43433); no hung transfers."""
+
+
+    name = "vllm-offload-prepare-store-evicts"
+    connector = "offload"
+    cpu_blocks = 4
+    busy = True
+    # One store per step, of a whole prompt: one request at a time, one output token, no
+    # chunked prefill. PR 35846 protects the blocks of the store being prepared; a store of
+    # only the blocks a decode or a later chunk fills, or another request's store in the
+    # same step, can still make room by evicting the parent of a block being stored in
+    # 0.18 (another way to leave a block without its prefix, which the row steers away from).
+    max_tokens = 1
+    max_seqs = 1
+    batch_tokens = 256
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+    versions = (OLDEST, (0, 18, 99))
