@@ -79,12 +79,15 @@ $(WHEEL): $(SOURCES) $(STAMP)
 	$(ENGINE_PIP) --no-deps --force-reinstall out/dist/kvoracle-*.whl
 	touch $@
 
+# the stamps are intermediate files of a pattern chain: without this make deletes them
+.PRECIOUS: .venv-%/.installed .venv-%/.kvoracle
+
 engines: .venv-vllm/.kvoracle .venv-sglang/.kvoracle
 
 # Each engine's campaigns and its findings' reproductions, in its own environment.
 test-engines: engines
-	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py
-	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py
+	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py tests/test_engine_vllm_connector.py tests/test_shadow_vllm.py
+	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py tests/test_engine_sglang_hicache.py tests/test_shadow_sglang.py
 
 # One table: the reference here, each engine in its environment (bench/engine_speed.py runs them).
 bench-engines: engines $(STAMP)

@@ -309,7 +309,7 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -
 
 
 def cmd_hunt(args: argparse.Namespace) -> int:
-    from kvoracle.oracle.hunt import CATALOGUE, CatalogueError, hunt, load
+    from kvoracle.oracle.hunt import CATALOGUE, BuildError, CatalogueError, hunt, load
 
     if not CATALOGUE.exists():
         print(f"kvoracle hunt: runs from a kvoracle checkout (it needs {CATALOGUE})", file=sys.stderr)
@@ -320,7 +320,7 @@ def cmd_hunt(args: argparse.Namespace) -> int:
                 print(f"{b.name:<34} {b.engine} {b.buggy} -> {b.fixed or '(no fix)'}  {b.public}: {b.what}")
             return 0
         text, ok = hunt(args.only, say=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
-    except CatalogueError as e:
+    except (CatalogueError, BuildError) as e:
         print(f"kvoracle hunt: {e}", file=sys.stderr)
         return 2
     print(text)

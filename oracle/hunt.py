@@ -29,6 +29,10 @@ class CatalogueError(Exception):
     """engines/hunt.toml is malformed; names the entry and the field."""
 
 
+class BuildError(Exception):
+    """A release's environment could not be built; carries pip's error output."""
+
+
 @dataclass(frozen=True)
 class KnownBug:
     name: str
@@ -105,7 +109,11 @@ class Builder:
         subprocess.run([self.python, "-m", "venv", "--clear", str(env)], check=True)
 
     def _pip(self, env: Path, *args: str) -> None:
-        subprocess.run([str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *args], check=True)
+        # pip's output (warnings about the machine's own pip.conf among it) only when it fails
+        done = subprocess.run([str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *args],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BuildError(f"pip install {' '.join(args)} in {env.name} failed:\n{done.stderr[-2000:]}")
 
 
 def _site_packages(env: Path) -> Path:
@@ -172,6 +180,18 @@ def table(rows: Sequence[tuple[KnownBug, Outcome, Outcome | None]]) -> str:
     return columns(head, body)
 
 
+def _run(builder: Builder, bug: KnownBug, version: str, built: Path, out: Path,
+         say: Callable[[str], None]) -> Outcome:
+    """One release: its environment (a failed build is that row's error, not the hunt's end)
+    and the campaign."""
+    say(f"{bug.name}: {bug.engine} {version}")
+    try:
+        env = builder.environment(bug.engine, version, built)
+    except BuildError as e:
+        return Outcome(version, "ERROR", detail=str(e).splitlines()[0])
+    return campaign(env, bug, version, out)
+
+
 def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None) -> tuple[str, bool]:
     """Run every row (or those named); the table, and whether every row was as expected."""
     bugs = [b for b in load() if not only or b.name in only]
@@ -183,13 +203,11 @@ def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None) 
     builder, built = Builder(say=say), wheel()
     rows: list[tuple[KnownBug, Outcome, Outcome | None]] = []
     for bug in bugs:
-        say(f"{bug.name}: {bug.engine} {bug.buggy}")
-        b = campaign(builder.environment(bug.engine, bug.buggy, built), bug, bug.buggy, out)
-        f = None
-        if bug.fixed:
-            say(f"{bug.name}: {bug.engine} {bug.fixed}")
-            f = campaign(builder.environment(bug.engine, bug.fixed, built), bug, bug.fixed, out)
+        b = _run(builder, bug, bug.buggy, built, out, say)
+        f = _run(builder, bug, bug.fixed, built, out, say) if bug.fixed else None
         rows.append((bug, b, f))
+        say(f"{bug.name}: {'caught' if caught(bug, b) else 'NOT caught'} ({b.first_id or b.verdict})"
+            + ("" if f is None else f"; fixed release: {f.verdict} {f.first_id}".rstrip()))
     ok = all(caught(bug, b) and (f is None or f.verdict == "pass") for bug, b, f in rows)
     notes = [f"{bug.name}: {x.version}: {x.detail}" for bug, b, f in rows for x in (b, f)
              if x is not None and x.verdict == "ERROR"]

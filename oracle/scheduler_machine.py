@@ -81,6 +81,15 @@ def _faults(u: int) -> tuple[Fault, ...]:
 faults = st.integers(0, 2**32 - 1).map(_faults)
 
 
+def _family(prompts: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """An adapter's prompt family, checked: at most 12 prompts (the rule draws 0..11),
+    each non-empty, of non-negative tokens."""
+    family = tuple(tuple(int(t) for t in q) for q in prompts)
+    if not 0 < len(family) <= 12 or any(not q or min(q) < 0 for q in family):
+        raise ValueError(f"an adapter's prompts must be 1 to 12 non-empty tuples of tokens >= 0, not {prompts!r}")
+    return family
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     make_adapter: Callable[[], SchedulerAdapter] = ReferenceScheduler
     bookkeeping = True  # False: check INV-CONTENT alone (shows the bytes catch what counters miss)
@@ -94,6 +103,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.seen: dict[object, int] = {}  # transfer -> tick the checker first saw it in flight
         self.next_request = 0
         self.injected = 0
+        self.prompts = _family(getattr(self.engine, "prompts", PROMPTS))
 
     # --- checking -----------------------------------------------------------------------
 
@@ -181,15 +191,18 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- rules -----------------------------------------------------------------------------
 
-    @rule(p=st.integers(0, len(PROMPTS) - 1), tail=st.integers(0, 3))
+    @rule(p=st.integers(0, 11), tail=st.integers(0, 3))
     def submit(self, p: int, tail: int) -> None:
-        """A prompt from the shared family, then `tail` own tokens (new blocks to write)."""
+        """A prompt from the shared family (the adapter's `prompts`, else PROMPTS), then
+        `tail` own tokens (new blocks to write)."""
         if len(self.engine.running()) + len(self.engine.waiting()) >= 5:
             return
         r = RequestId(self.next_request)
         self.next_request += 1
-        widen = max(1, self.engine.block_size // 2)  # PROMPTS are written for blocks of 2 tokens
-        tokens = tuple(t for t in PROMPTS[p] + (r + 3,) * tail for _ in range(widen))  # own tokens: new blocks
+        family = self.prompts
+        widen = max(1, self.engine.block_size // 2)  # prompts are written for blocks of 2 tokens
+        own = (r + 1 + max(max(q) for q in family),) * tail  # own tokens, above the family: new blocks
+        tokens = tuple(t for t in family[p % len(family)] + own for _ in range(widen))
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)

@@ -34,6 +34,11 @@ class SchedulerAdapter(Protocol):
     # Optional: the fault kinds the engine's I/O can suffer (a synchronous engine has no
     # HANG or TWICE); the machine draws only those. Absent: every kind of the fault model.
     # fault_kinds: frozenset[FaultKind]
+    # Optional: `prompts`, the family of shared prompts the machine submits (tuples of
+    # tokens, each token half a block, as cache_machine.PROMPTS), for an engine whose bugs
+    # need longer prompts or deeper shared prefixes than PROMPTS; a request appends up to
+    # 3 own tokens. Absent: PROMPTS.
+    # prompts: tuple[tuple[int, ...], ...]
     # Optional too: `outcomes() -> Mapping[str, int]`, how the engine's transfers ended so
     # far ("ok", "error", "partial", "timeout"), for an engine that reports no events.
     # The bad calls it can make, each with the exception the engine must refuse it with.
