@@ -141,6 +141,7 @@ class Outcome:
     shrunk: int | None = None
     first_catch: int | None = None
     steps: int = 0
+    faults: int = 0  # faults injected (a pass means more with more of them)
     seconds: float = 0.0
     detail: str = ""
 
@@ -158,8 +159,8 @@ def campaign(env: Path, bug: KnownBug, version: str, out: Path) -> Outcome:
         return Outcome(version, "ERROR", seconds=seconds, detail=tail)
     row = json.loads(report.read_text())[0]
     verdict = "pass" if row["verdict"] == "pass" else "VIOLATION"
-    return Outcome(version, verdict, row["first_id"], row["shrunk"], row["first_catch"], row["steps"], seconds,
-                   row["violation"] or "")
+    return Outcome(version, verdict, row["first_id"], row["shrunk"], row["first_catch"], row["steps"],
+                   row["faults"], seconds, row["violation"] or "")
 
 
 def caught(bug: KnownBug, o: Outcome) -> bool:
@@ -171,7 +172,8 @@ def table(rows: Sequence[tuple[KnownBug, Outcome, Outcome | None]]) -> str:
             "fixed passes?")
     body = []
     for bug, b, f in rows:
-        fixed = "-" if f is None else ("yes" if f.verdict == "pass" else f"NO ({f.first_id or f.verdict})")
+        fixed = "-" if f is None else (f"yes ({f.steps} steps, {f.faults} faults)" if f.verdict == "pass"
+                                       else f"NO ({f.first_id or f.verdict})")
         body.append((bug.name, bug.engine, f"{bug.buggy} -> {bug.fixed or '(none)'}",
                      "yes" if caught(bug, b) else f"NO ({b.verdict})", b.first_id or "-",
                      "-" if b.shrunk is None else str(b.shrunk),

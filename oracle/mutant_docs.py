@@ -1,7 +1,7 @@
 """Generate docs/mutants.md: each mutant, its mutation, and the counterexample that kills it.
 
-    python -m oracle.mutant_docs            # rewrite docs/mutants.md
-    python -m oracle.mutant_docs --check    # exit 1 if docs/mutants.md is stale
+    python -m kvoracle.oracle.mutant_docs           # rewrite docs/mutants.md
+    python -m kvoracle.oracle.mutant_docs --check   # exit 1 if docs/mutants.md is stale
 
 Run it with PYTHONHASHSEED=0 (the Makefile and the test do): Hypothesis draws some
 values from constants of the loaded modules, so the same command, with the same
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if DOC.exists() and DOC.read_text() == text:
             return 0
-        print(f"{DOC} is stale: run `PYTHONHASHSEED=0 python -m oracle.mutant_docs`", file=sys.stderr)
+        print(f"{DOC} is stale: run `make docs`", file=sys.stderr)
         return 1
     DOC.write_text(text)
     return 0

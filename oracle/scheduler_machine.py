@@ -81,12 +81,14 @@ def _faults(u: int) -> tuple[Fault, ...]:
 faults = st.integers(0, 2**32 - 1).map(_faults)
 
 
-def _family(prompts: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """An adapter's prompt family, checked: at most 12 prompts (the rule draws 0..11),
-    each non-empty, of non-negative tokens."""
+def _family(prompts: Sequence[Sequence[int]], engine: SchedulerAdapter) -> tuple[tuple[int, ...], ...]:
+    """An adapter's prompt family, checked: 1 to 12 prompts (the rule draws 0..11), each
+    non-empty, of tokens >= 0, each fitting the GPU pool (a token is half a block)."""
     family = tuple(tuple(int(t) for t in q) for q in prompts)
-    if not 0 < len(family) <= 12 or any(not q or min(q) < 0 for q in family):
-        raise ValueError(f"an adapter's prompts must be 1 to 12 non-empty tuples of tokens >= 0, not {prompts!r}")
+    room = engine.gpu_blocks * engine.block_size // max(1, engine.block_size // 2)
+    if not 0 < len(family) <= 12 or any(not q or min(q) < 0 or len(q) > room for q in family):
+        raise ValueError(f"{engine.name}: prompts must be 1 to 12 non-empty tuples of tokens >= 0, each at most "
+                         f"{room} long (the GPU pool, a token half a block), not {prompts!r}")
     return family
 
 
@@ -103,7 +105,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.seen: dict[object, int] = {}  # transfer -> tick the checker first saw it in flight
         self.next_request = 0
         self.injected = 0
-        self.prompts = _family(getattr(self.engine, "prompts", PROMPTS))
+        self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
 
     # --- checking -----------------------------------------------------------------------
 
@@ -201,8 +203,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_request += 1
         family = self.prompts
         widen = max(1, self.engine.block_size // 2)  # prompts are written for blocks of 2 tokens
-        own = (r + 1 + max(max(q) for q in family),) * tail  # own tokens, above the family: new blocks
-        tokens = tuple(t for t in family[p % len(family)] + own for _ in range(widen))
+        shared = family[p % len(family)]
+        # own tokens, above the family: new blocks; no more than the GPU pool holds (a larger
+        # prompt is a bad input, TOO_LARGE, and would wait at the head of the queue for ever)
+        tail = max(0, min(tail, self.engine.gpu_blocks * self.engine.block_size // widen - len(shared)))
+        own = (r + 1 + max(max(q) for q in family),) * tail
+        tokens = tuple(t for t in shared + own for _ in range(widen))
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)
@@ -231,6 +237,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 3))
     def tick(self, n: int) -> None:
         self._call("tick", lambda: self.engine.tick(n), ticks=n)
+
+    @rule()
+    def evict(self) -> None:
+        """Memory pressure from outside the requests (another tenant, a prefix-cache reset):
+        every block that can go leaves the GPU, then the CPU tier, so a prompt that comes
+        back finds its blocks in storage only."""
+        self._call("evict", self.engine.evict_all)
 
     @rule(kind=st.sampled_from(SCHEDULER_LEVEL))
     def bad_input(self, kind: BadInput) -> None:

@@ -1178,3 +1178,6 @@ class PrefetchThreadDies(SglangHiCache):
     prefetch_policy = "wait_complete"
     gpu_blocks = 4  # small pools: pages leave the host, so prompts find them in storage only
     host_ratio = 1.25
+    # three 3-page prompts with nothing in common push each other out of both pools, so a
+    # prompt that comes back finds its pages in storage only
+    prompts = ((1,) * 6, (2,) * 6, (3,) * 6)
