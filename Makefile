@@ -84,10 +84,15 @@ $(WHEEL): $(SOURCES) $(STAMP)
 
 engines: .venv-vllm/.kvoracle .venv-sglang/.kvoracle
 
-# Each engine's campaigns and its findings' reproductions, in its own environment.
+# Each engine's campaigns and its findings' reproductions, in its own environment; then one
+# campaign of each deep adapter under storage faults, which prints how its transfers ended
+# (vLLM's known finding: a store that never answers keeps its blocks, LIVE-TRANSFER).
+DEEP_CHECK = check --seeds 3 --examples 150
 test-engines: engines
 	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py tests/test_engine_vllm_connector.py tests/test_shadow_vllm.py
 	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py tests/test_engine_sglang_hicache.py tests/test_shadow_sglang.py
+	.venv-vllm/bin/kvoracle $(DEEP_CHECK) --adapter kvoracle.oracle.engines.vllm_connector:VllmConnector --expect LIVE-TRANSFER
+	.venv-sglang/bin/kvoracle $(DEEP_CHECK) --adapter kvoracle.oracle.engines.sglang_hicache:SglangHiCache
 
 # One table: the reference here, each engine in its environment (bench/engine_speed.py runs them).
 bench-engines: engines $(STAMP)

@@ -57,7 +57,8 @@ FAULT_KINDS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k is not Faul
 
 class FaultPlan(Protocol):
     def next_fault(self, op: str, items: int) -> Fault:
-        """The fault for the next call: `op` is "write" or "read", `items` its batch size."""
+        """The fault for the next call: `op` is "write" or "read" (storage), "swap_out" or
+        "swap_in" (the copier); `items` its batch size."""
         ...
 
 

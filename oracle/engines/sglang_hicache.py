@@ -992,6 +992,14 @@ class SglangHiCache(Scripted):
     def faults_injected(self) -> int:
         return 0 if self.store is None else int(self.store.plan.injected)
 
+    def outcomes(self) -> dict[str, int]:
+        """How the storage calls ended, by call and fault kind ("write ok", "read error")."""
+        ended: dict[str, int] = {}
+        for kind, _, fault in [] if self.store is None else list(self.store.plan.log):
+            key = f"{kind} {fault.split('(')[0]}"
+            ended[key] = ended.get(key, 0) + 1
+        return ended
+
     def state(self) -> System | None:
         return None  # SGLang's tiers are not exclusive (a node is on device and host at once)
 
