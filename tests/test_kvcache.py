@@ -485,6 +485,31 @@ def test_bad_input_raises_named_error_and_changes_nothing(
     ok(cache)
 
 
+NAMED: list[tuple[str, Callable[[CacheManager, TransferId], object], Callable[[TransferId], object]]] = [
+    ("request", lambda c, t: c.match(R1, []), lambda t: R1),
+    ("request", lambda c, t: c.release(R2), lambda t: R2),
+    ("transfer", lambda c, t: c.complete(TransferId(t + 1), Ok()), lambda t: TransferId(t + 1)),
+    ("transfer", lambda c, t: c.complete(t, Partial(2)), lambda t: t),
+    ("request", lambda c, t: c.commit(R1, [HS[1], HS[0]]), lambda t: R1),
+    ("request", lambda c, t: c.commit(R1, HS[:1]), lambda t: R1),
+    ("request", lambda c, t: c.release(R1, HS), lambda t: R1),
+    ("request", lambda c, t: c.commit(R1, HS[:2]), lambda t: R1),
+    ("requests", lambda c, t: c.reset(), lambda t: [R1]),
+    ("limit", lambda c, t: c.match(R2, HS, limit=-1), lambda t: -1),
+]
+
+
+@pytest.mark.parametrize(("field", "call", "subject"), NAMED, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(NAMED)])
+def test_bad_input_error_names_what_was_bad(field: str, call: Callable[[CacheManager, TransferId], object],
+                                            subject: Callable[[TransferId], object]) -> None:
+    """The error carries the offending request, transfer or limit, for the caller to act on."""
+    cache, rep, _ = cpu_hit()
+    assert rep.swap_in is not None
+    with pytest.raises(KVCacheError) as e:
+        call(cache, rep.swap_in)
+    assert getattr(e.value, field) == subject(rep.swap_in)
+
+
 # --- refinement: each call is the spec action with the choices it reported --------------------
 
 

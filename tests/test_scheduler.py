@@ -1,11 +1,13 @@
 """The resource manager's exit paths against spec/scheduler.py, and its lifecycle rules."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from kvoracle.kvcache.abstraction import abstract, check_invariants
-from kvoracle.kvcache.errors import NotRunning, RequestGone, RequestTooLarge, UnknownRequest
+from kvoracle.kvcache.errors import (DuplicateRequest, EmptyRequest, KVCacheError, NotRunning, RequestGone,
+                                     RequestTooLarge, UnknownRequest)
 from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.storage import MemoryStorage
@@ -116,6 +118,33 @@ def test_finishing_twice_and_preempting_a_waiting_request_are_refused() -> None:
         rm.finish([R])
     with pytest.raises(NotRunning):
         rm.preempt(RequestId(1))
+
+
+def test_each_refusal_names_the_request_it_refuses() -> None:
+    """A bad call's error carries the offending request, for the caller to act on."""
+    rm = running(ScriptedFaults())
+    other, waiting = RequestId(1), RequestId(2)
+    rm.submit(other, [3, 3])
+    rm.schedule()
+    rm.submit(waiting, [4] * 13)  # 7 blocks with the next token: waits
+    rm.schedule()
+
+    def refused(call: Callable[[], object], error: type[KVCacheError]) -> object:
+        with pytest.raises(error) as e:
+            call()
+        return e.value.request  # type: ignore[attr-defined]
+
+    assert refused(lambda: rm.submit(R, [1]), DuplicateRequest) == R
+    assert refused(lambda: rm.submit(RequestId(9), []), EmptyRequest) == RequestId(9)
+    assert refused(lambda: rm.submit(RequestId(9), [1] * 40), RequestTooLarge) == RequestId(9)
+    assert refused(lambda: rm.finish([RequestId(9)]), UnknownRequest) == RequestId(9)
+    assert refused(lambda: rm.abort(RequestId(9)), UnknownRequest) == RequestId(9)
+    assert refused(lambda: rm.finish([R, other, other]), DuplicateRequest) == other
+    assert refused(lambda: rm.preempt(waiting), NotRunning) == waiting
+    rm.finish([R])
+    assert refused(lambda: rm.finish([R]), RequestGone) == R
+    assert refused(lambda: rm.abort(R), RequestGone) == R
+    assert refused(lambda: rm.preempt(R), RequestGone) == R
 
 
 def test_the_events_it_reports_replay_through_spec_to_its_own_state() -> None:

@@ -140,11 +140,13 @@ def test_directory_clear_keeps_other_files(tmp_path: Path) -> None:
 
 def test_directory_rejects_hash_outside_64_bits(tmp_path: Path) -> None:
     s = DirectoryStorage(tmp_path)
-    with pytest.raises(BadBlockHash, match="not an unsigned 64-bit"):
+    with pytest.raises(BadBlockHash, match="not an unsigned 64-bit") as e:
         s.write([BLOCKS[0], (BlockHash(1 << 64), b"x")])
+    assert e.value.hash == 1 << 64  # the error names the offending hash
     assert s.exists(H) == 0  # refused before anything was written
-    with pytest.raises(BadBlockHash):
+    with pytest.raises(BadBlockHash) as e:
         s.read([BlockHash(-1)])
+    assert e.value.hash == -1
 
 
 # --- fault plans ---------------------------------------------------------------------
