@@ -396,6 +396,66 @@ def test_match_takes_every_cpu_and_storage_hit_the_limit_allows(limit: int | Non
     ok(cache)
 
 
+def test_a_request_is_ready_only_when_its_swap_in_and_its_prefetch_have_both_ended() -> None:
+    """commit waits for every fill of the request, whichever ends first."""
+    cache = three_tiers()
+    rep = cache.match(R1, HS)
+    assert rep.swap_in is not None and rep.prefetch is not None
+    assert cache.jobs[rep.swap_in].id == rep.swap_in
+    cache.complete(rep.swap_in, Ok())
+    assert not cache.ready(R1)
+    cache.complete(rep.prefetch, Ok())
+    assert cache.ready(R1)
+    ok(cache)
+
+
+def test_a_release_during_a_prefetch_frees_every_private_block_once_the_fills_end() -> None:
+    """Releasing a request whose fills are in flight leaks nothing (LIVE-DRAIN)."""
+    cache = three_tiers()
+    rep = cache.match(R1, HS)
+    assert rep.swap_in is not None and rep.prefetch is not None
+    cache.allocate(R1, 1)
+    cache.release(R1)
+    ok(cache)
+    cache.complete(rep.swap_in, Ok())
+    cache.complete(rep.prefetch, Ok())
+    ok(cache)  # INV-CONSERVE: a private block neither freed nor owned is a leak
+
+
+def test_a_request_that_is_not_ready_writes_nothing_on_release() -> None:
+    """Blocks still being filled are never written to storage (their bytes are not there yet)."""
+    cache = CacheManager(6, 2)
+    hashes = block_hashes([1, 1, 2, 2, 3, 3, 4, 4], 2)
+    cache.match(R0, hashes[:3])
+    cache.allocate(R0, 3)
+    cache.commit(R0, hashes[:3])
+    write = cache.release(R0, hashes[:3]).write
+    assert write is not None
+    cache.complete(write, Ok())
+    for _ in range(2):
+        out = cache.evict_gpu(1).swap_out
+        assert out is not None
+        cache.complete(out, Ok())
+    cache.evict_cpu(1)
+    rep = cache.match(R1, hashes)
+    assert rep.swap_in is not None or rep.prefetch is not None
+    cache.allocate(R1, 1)
+    assert not cache.ready(R1)
+    assert cache.release(R1, hashes).write is None
+    ok(cache)
+
+
+def test_a_cache_built_without_a_cpu_pool_has_no_cpu_tier() -> None:
+    """CacheManager(G) has no CPU tier: eviction drops, it never swaps out."""
+    cache = CacheManager(4)
+    assert cache.cpu.size == 0
+    cache.match(R0, HS[:1])
+    cache.allocate(R0, 1)
+    cache.commit(R0, HS[:1])
+    cache.release(R0)
+    assert cache.evict_gpu(1) == EvictReport((Drop(HS[0]),), None)
+
+
 def test_release_with_failed_write_still_frees_every_block() -> None:
     cache = CacheManager(4, 0)
     cache.match(R0, HS)
@@ -492,6 +552,7 @@ NAMED: list[tuple[str, Callable[[CacheManager, TransferId], object], Callable[[T
     ("transfer", lambda c, t: c.complete(t, Partial(2)), lambda t: t),
     ("request", lambda c, t: c.commit(R1, [HS[1], HS[0]]), lambda t: R1),
     ("request", lambda c, t: c.commit(R1, HS[:1]), lambda t: R1),
+    ("request", lambda c, t: c.commit(R1, HS), lambda t: R1),
     ("request", lambda c, t: c.release(R1, HS), lambda t: R1),
     ("request", lambda c, t: c.commit(R1, HS[:2]), lambda t: R1),
     ("requests", lambda c, t: c.reset(), lambda t: [R1]),

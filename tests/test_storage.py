@@ -329,3 +329,11 @@ def test_seeded_faulty_storage_replays() -> None:
         return out
 
     assert run(11) == run(11)
+
+
+@pytest.mark.parametrize("fault", [Fault(FaultKind.OK), Fault(FaultKind.ERROR), Fault(FaultKind.PARTIAL, done=1),
+                                   Fault(FaultKind.LATE, delay=2), Fault(FaultKind.PARTIAL, done=2, delay=3)])
+def test_a_printed_fault_replays_as_the_same_fault(fault: Fault) -> None:
+    """A counterexample's faults are printed so that they can be pasted back and replayed."""
+    assert eval(repr(fault), {"Fault": Fault, "FaultKind": FaultKind}) == fault
+    assert repr(fault).startswith(f"Fault(FaultKind.{fault.kind.name}")
