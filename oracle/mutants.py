@@ -254,10 +254,12 @@ class LateFree(ResourceManager):
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
-           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnFinish),
+           # the blocks kept after the exit (LIVE-EXIT), or the error escaping a valid call
+           # first, where the write ran inside another call (VALID-INPUT)
+           frozenset({"LIVE-EXIT", "VALID-INPUT"}), scheduler_class=WriteRaiseOnFinish),
     Mutant("write-raise-preempt", 2, "Storage write raises on preempt, free skipped (FastDeploy PR 7807)",
            "preempt writes synchronously before release and lets the error escape",
-           frozenset({"LIVE-EXIT"}), scheduler_class=WriteRaiseOnPreempt),
+           frozenset({"LIVE-EXIT", "VALID-INPUT"}), scheduler_class=WriteRaiseOnPreempt),
     Mutant("write-raise-batch", 2, "One failing write stops the rest of a finish batch",
            "a write error is re-raised after its own request's release, ending the batch loop",
            # the error escaping finish is itself a violation (VALID-INPUT); the requests
@@ -265,7 +267,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            frozenset({"LIVE-EXIT", "VALID-INPUT"}), scheduler_class=WriteRaiseStopsBatch),
     Mutant("leaky-admit", 3, "Leak on a failed admit after a partial match",
            "admit matches (refcounts, fills) before checking the rest fits, and keeps them on failure",
-           frozenset({"INV-REQUEST"}), scheduler_class=LeakyAdmit),
+           # a waiting request holds blocks (INV-REQUEST); when the failed admit is a
+           # preempted request's re-admission, the preempted request holds them (LIVE-EXIT)
+           frozenset({"INV-REQUEST", "LIVE-EXIT"}), scheduler_class=LeakyAdmit),
     Mutant("no-timeout", 10, "A transfer that never completes is waited for forever",
            "the scheduler's timeout never fires", frozenset({"LIVE-TRANSFER"}), scheduler_class=NoTimeout),
     Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
