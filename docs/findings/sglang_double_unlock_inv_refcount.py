@@ -1,10 +1,11 @@
-# kvoracle reproduction: sglang, INV-NO-UAF
-# found by: admit(p=0) ; finish(i=0) ; admit(p=0) ; bad_input(i=0, kind=BadInput.DOUBLE_UNLOCK)
+# kvoracle reproduction: sglang, INV-REFCOUNT
+# found by: admit(chunks=0, p=3) ; finish(i=0) ; admit(chunks=0, p=3) ; bad_input(i=0, kind=BadInput.DOUBLE_UNLOCK)
 # after bad_input:double_unlock:
-#   INV-NO-UAF: request r1 holds blocks [1, 2], which are free or evictable
-#   INV-REFCOUNT: reference count differs from the live holders: block 1: 0 (held by 1), block 2: 0 (held by 1)
-# Run it in the engine's environment; it fails with the ID above while the engine has the bug.
+#   INV-REFCOUNT: reference count differs from the live holders: block 1: 0 (held by 1)
+# Run it in the engine's environment (kvoracle installed); it fails with the ID above while the
+# engine has the bug.
 
+from contextlib import suppress
 import importlib.abc, importlib.machinery, sys, types
 
 
@@ -90,8 +91,14 @@ def place(req, matched):  # None: no room, and the match is unlocked
     return matched
 
 
+running = {}  # the requests placed and not finished, as a scheduler keeps them
+
+
 def admit(req):
-    return place(req, match(req))
+    placed = place(req, match(req))
+    if placed is not None:
+        running[req.rid] = req
+    return placed
 
 
 def grow(req, tokens):
@@ -117,15 +124,22 @@ def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a
     tree.unlock(req.lock)
     req.lock = None
     rows.free_rows([req.kv.req_pool_idx])
+    running.pop(req.rid, None)
 
 # the engine calls of the shrunk program
-r0 = request('r0', [1, 1, 1, 1, 2, 2, 2, 2, 1, 1])
+r0 = request('r0', [2, 2, 2, 2, 1, 1])
 _ = admit(r0)
 finish(r0)
-r1 = request('r1', [1, 1, 1, 1, 2, 2, 2, 2, 1, 1])
+r1 = request('r1', [2, 2, 2, 2, 1, 1])
 _ = admit(r1)
-tree.dec_lock_ref(r0.last_node)
+with suppress(Exception):  # a bad call, accepted
+    tree.dec_lock_ref(r0.last_node)
 
+# kvoracle's check that fired, on the state the calls above left (generated)
+from kvoracle.oracle.findings import fails_with, view_now
+fails_with('INV-REFCOUNT', 'kvoracle.oracle.engines.sglang:SglangAdapter', globals(), live={'r1': 6})
+
+# the adapter's own checks, in the engine's terms
 # kvoracle's checks, in SGLang's own terms (pages: slot // P)
 from collections import Counter
 free = alloc.free_pages.tolist()

@@ -1,9 +1,11 @@
-# kvoracle reproduction: sglang, INV-CONSERVE
+# kvoracle reproduction: sglang, INV-TIER
 # found by: bad_input(i=0, kind=BadInput.OUT_OF_RANGE)
 # after bad_input:out_of_range:
-#   INV-CONSERVE: free list holds ids [7] outside range(1, 7)
-# Run it in the engine's environment; it fails with the ID above while the engine has the bug.
+#   INV-TIER: a GPU structure holds id 7, outside 1..6
+# Run it in the engine's environment (kvoracle installed); it fails with the ID above while the
+# engine has the bug.
 
+from contextlib import suppress
 import importlib.abc, importlib.machinery, sys, types
 
 
@@ -89,8 +91,14 @@ def place(req, matched):  # None: no room, and the match is unlocked
     return matched
 
 
+running = {}  # the requests placed and not finished, as a scheduler keeps them
+
+
 def admit(req):
-    return place(req, match(req))
+    placed = place(req, match(req))
+    if placed is not None:
+        running[req.rid] = req
+    return placed
 
 
 def grow(req, tokens):
@@ -116,10 +124,17 @@ def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a
     tree.unlock(req.lock)
     req.lock = None
     rows.free_rows([req.kv.req_pool_idx])
+    running.pop(req.rid, None)
 
 # the engine calls of the shrunk program
-alloc.free(torch.tensor([28]))
+with suppress(Exception):  # a bad call, accepted
+    alloc.free(torch.tensor([28]))
 
+# kvoracle's check that fired, on the state the calls above left (generated)
+from kvoracle.oracle.findings import fails_with, view_now
+fails_with('INV-TIER', 'kvoracle.oracle.engines.sglang:SglangAdapter', globals(), live={})
+
+# the adapter's own checks, in the engine's terms
 # kvoracle's checks, in SGLang's own terms (pages: slot // P)
 from collections import Counter
 free = alloc.free_pages.tolist()
