@@ -22,9 +22,9 @@ from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, 
 PAGE = 4
 PAGES = 6
 
-# SGLang imports torchvision at module level (multimodal preprocessing); PyPI's torchvision
-# cannot load next to CPU torch, and the radix cache never calls it: a stand-in module.
-TORCHVISION_STANDIN = """\
+# A module that answers every attribute: what a stand-in module is made of (the deep
+# adapter, sglang_hicache, builds its own stand-ins from it too).
+ANYTHING = """\
 import importlib.abc, importlib.machinery, sys, types
 
 
@@ -39,7 +39,11 @@ def _module_getattr(name):
     if name.startswith("__"):
         raise AttributeError(name)
     return _Anything()
+"""
 
+# SGLang imports torchvision at module level (multimodal preprocessing); PyPI's torchvision
+# cannot load next to CPU torch, and the radix cache never calls it: a stand-in module.
+TORCHVISION_STANDIN = ANYTHING + """
 
 class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     # sglang.srt.configs imports torchvision at module level (multimodal preprocessing);

@@ -68,6 +68,7 @@ from typing import Any
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, descendants
+from kvoracle.oracle.engines.sglang import ANYTHING
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import Status, System
@@ -89,22 +90,8 @@ STANDINS = """\
 # io_backend "direct", is a real CPU index copy). cudaHostRegister (page-locking the host
 # pool) does nothing without CUDA, and torch.cpu.Stream gets the synchronize() a CUDA
 # stream has (CPU work is synchronous).
-import importlib.abc, importlib.machinery, sys, types
-
+""" + ANYTHING + """
 import torch
-
-
-class _Anything:
-    def __init__(self, *args, **kwargs): pass
-    def __call__(self, *args, **kwargs): return _Anything()
-    def __getattr__(self, name): return _Anything()
-    def __mro_entries__(self, bases): return (object,)
-
-
-def _module_getattr(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Anything()
 
 
 def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
