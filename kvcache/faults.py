@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Protocol, Sequence, TypeAlias
+from typing import Iterable, Iterator, Protocol, Sequence, TypeAlias
 
 from kvoracle.kvcache.storage import StorageBackend, StorageError
 from kvoracle.spec.types import BlockHash, Error, Ok, Outcome, Partial
@@ -116,6 +117,16 @@ class ScriptedFaults:
     def clear(self) -> None:
         """Drop the faults not used up, so they cannot leak into a later call."""
         self._queue.clear()
+
+    @contextmanager
+    def injecting(self, faults: Iterable[Fault]) -> Iterator[None]:
+        """The I/O calls made inside suffer `faults`, in order; none is left over after."""
+        for f in faults:
+            self.push(f)
+        try:
+            yield
+        finally:
+            self.clear()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, view_of
+from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
@@ -66,6 +66,9 @@ outcomes: st.SearchStrategy[Outcome] = st.sampled_from(
     [Ok(), Ok(), Error(), Timeout(), Partial(0), Partial(1), Partial(2)]
 )
 
+# What a transfer can end with; an adapter's `transfer_outcomes` may name fewer.
+OUTCOME_KINDS = frozenset({"ok", "error", "timeout", "partial"})
+
 settle: st.SearchStrategy[Outcome | None] = st.one_of(st.none(), outcomes)
 
 
@@ -96,6 +99,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.live: dict[RequestId, Live] = {}
         self.gone: list[RequestId] = []
         self.next_request = 0
+        self.mark = 0  # engine calls made before the current one (for reproductions)
+        self.asked = 0  # blocks the latest GPU eviction asked for
 
     # --- the checking core -----------------------------------------------------------
 
@@ -103,6 +108,7 @@ class CacheMachine(RuleBasedStateMachine):
               exiting: RequestId | None = None) -> R:
         """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
         safety property, then refinement."""
+        self.mark = script_length(self.engine)
         before = self.view() if exiting is not None else None
         try:
             result = impl()
@@ -183,15 +189,25 @@ class CacheMachine(RuleBasedStateMachine):
         if short > 0:
             self._evict(short)
 
-    @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans(), chunk=st.integers(0, 3))
-    def admit(self, p: int, then: Outcome | None, prefill: bool, chunk: int) -> None:
-        """Match the prompt's prefix and allocate the first `chunk` blocks of the rest (0:
-        all of it), evicting first if needed. With `then`, the swap-in or prefetch the
-        match started completes at once; with `prefill`, the full blocks placed so far
-        are committed when nothing is in flight."""
+    @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans(), chunk=st.integers(0, 3),
+          budget=st.integers(0, 2), cold=st.integers(0, 3))
+    def admit(self, p: int, then: Outcome | None, prefill: bool, chunk: int, budget: int, cold: int) -> None:
+        """Match the prompt's prefix, swapping in and prefetching at most `budget` blocks
+        (0: as many as it lacks; an engine without `match_limits` always gets that), and
+        allocate the first `chunk` blocks of the rest (0: all of it), evicting first if
+        needed. With `then`, the swap-in or prefetch the match started completes at once;
+        with `prefill`, the full blocks placed so far are committed when nothing is in
+        flight. One admission in two comes after pressure from outside: what the GPU can
+        give up leaves it first, so a prompt that comes back finds its prefix on the CPU
+        or in storage, and the match swaps in or prefetches; with `cold` 2 the swap-outs
+        that starts end ok first, with 3 they stay in flight (the CPU tier fills with
+        blocks in transit, and later evictions must drop). 0 and 1, where shrinking goes:
+        no pressure."""
         if len(self.live) >= 4:
             return
         e = self.engine
+        if cold >= 2:
+            self._cool(settled=cold == 2)
         r = RequestId(self.next_request)
         self.next_request += 1
         tokens = prompt(p, e.block_size)
@@ -202,14 +218,25 @@ class CacheMachine(RuleBasedStateMachine):
         if need > e.free_gpu():
             return  # no room: admission waits
         self.live[r] = Live(tokens, blocks)  # before the call: the check after it expects the request
-        self._step("match", lambda: e.match(r, asked, limit=need),
+        limit = min(budget, need) if budget and getattr(e, "match_limits", True) else need
+        self._step("match", lambda: e.match(r, asked, limit=limit),
                    lambda got: Match(r, asked.hashes, got.swap_dests, got.prefetch_dests))
         self.live[r].placed = len(e.table(r))
         rest = blocks - self.live[r].placed
         self._allocate(r, rest if chunk == 0 else min(chunk, rest))
         self._settle(then)
-        if prefill:
+        if prefill and e.ready(r):
             self.commit(len([x for x in self.live if x < r]))
+
+    def _cool(self, settled: bool) -> None:
+        """Evict what the GPU can give up; `settled`: the swap-outs that starts end ok."""
+        before = {job.transfer for job in self.engine.in_flight()}
+        self._evict(self.engine.gpu_blocks)
+        if not settled:
+            return
+        started = [i for i, job in enumerate(self.engine.in_flight()) if job.transfer not in before]
+        for i in reversed(started):  # newest first: earlier indexes stay valid
+            self.complete(i, Ok())
 
     def _allocate(self, r: RequestId, n: int) -> None:
         self._step("allocate", lambda: self.engine.allocate(r, n), lambda got: Allocate(r, got))
@@ -226,7 +253,7 @@ class CacheMachine(RuleBasedStateMachine):
         if self.engine.free_gpu() < n:
             return
         self._allocate(r, n)
-        if then_commit:
+        if then_commit and self.engine.ready(r):
             self.commit(i)
 
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
@@ -246,8 +273,13 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 7))
     def commit(self, i: int) -> None:
+        """Index the request's full blocks; while a transfer still fills them, the commit
+        a hasty scheduler would make is the bad call COMMIT_FILLING."""
         r = self._pick(i)
-        if r is None or not self.engine.ready(r):
+        if r is None:
+            return
+        if not self.engine.ready(r):
+            self.bad_input(BadInput.COMMIT_FILLING)
             return
         full = self._full(r)
         self._step("commit", lambda: self.engine.commit(r, full), lambda _: Commit(r, full.hashes))
@@ -279,6 +311,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.complete(len(pending) - 1, outcome)
 
     def _evict(self, need: int) -> None:
+        self.asked = need
         before = self.model if self.model is not None else self.engine.abstract()
         evictable = len(self.engine.observe().evictable or ())
         steps = self._step("evict_gpu", lambda: self.engine.evict_gpu(need), lambda got: Evict(tuple(got)))
@@ -293,6 +326,8 @@ class CacheMachine(RuleBasedStateMachine):
         if not pending:
             return
         job = pending[i % len(pending)]
+        if type(outcome).__name__.lower() not in getattr(self.engine, "transfer_outcomes", OUTCOME_KINDS):
+            outcome = Ok()  # an outcome the engine's transfers cannot have: it succeeds
         if isinstance(outcome, Partial) and outcome.done > job.items:
             outcome = Partial(job.items)
         t = type(self).tally
@@ -317,6 +352,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         twice = kind is BadInput.DOUBLE_FINISH  # about a request that ended
         r = (self.gone[-1] if self.gone else None) if twice else self._pick(0)
+        self.mark = script_length(self.engine)
         refused(kind.value, error, lambda: self.engine.bad_call(kind, r), self.engine.snapshot,
                 lambda: self._made_bad_call(kind.value))
 

@@ -17,7 +17,8 @@ from typing import Sequence, TextIO
 from kvoracle.kvcache.pool import BackendUnavailable, default_backend, make_pool
 from kvoracle.oracle.campaign import RunResult, readable, run_seeds
 from kvoracle.oracle.violations import Baseline
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
+from kvoracle.oracle.findings import standalone, write_reproduction
 from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
@@ -127,6 +128,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(table(rows))
     if args.show:
         print(show(rows))
+    if args.repro_dir:
+        for row in rows:
+            reproduce(row, Path(args.repro_dir))
     if args.json:
         write_json(args.json, rows)
     if args.record:
@@ -229,6 +233,14 @@ def run_options(args: argparse.Namespace) -> bool:
     return True
 
 
+def reproduce(row: Row, repro_dir: Path) -> None:
+    """The row's finding as a standalone file, run once to say whether it fails alone."""
+    if row.result is None or row.result.violation is None:
+        return
+    path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
+    print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id)}")
+
+
 def cmd_check_engine(args: argparse.Namespace) -> int:
     from kvoracle.oracle.engine_campaign import engine_table, restricted, run_engine
     from kvoracle.oracle.engines import EngineUnavailable, adapter_class, load_adapter, protocol_of
@@ -250,7 +262,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     refused = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
                                      ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
                                      ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),
-                                     ("--repro-dir", args.repro_dir != REPRO_DIR and level != "engine")) if on]
+                                     ("--repro-dir", args.repro_dir and not issubclass(adapter, Scripted))) if on]
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not with a {level} adapter", file=sys.stderr)
         return 2
@@ -268,7 +280,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     rows = []
     for i, bad in enumerate((False, True)):
         progress(sys.stderr, i, 2, f"{label}{' +bad input' if bad else ''}")
-        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir),
+        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir or REPRO_DIR),
                                Baseline.parse(args.expect) if args.expect else None))
     progress(sys.stderr, 2, 2, "done")
     sys.stderr.write("\n")
@@ -278,9 +290,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
             continue
         print(f"\n{r.target}: {r.result.violation}")
         print("\n".join(f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)))
-        confirmed = (f"fails standalone with {r.reproduces}" if r.confirmed
-                     else f"does NOT fail standalone with {r.result.first_id}: {r.reproduces or 'it passes'}")
-        print(f"  reproduction: {r.reproduction} ({confirmed})")
+        if r.reproduction is not None:
+            print(standalone(r.reproduction, r.reproduces, r.result.first_id))
     found = [r for r in rows if r.result.violation is not None]
     print(f"\n{label}: {len(found)} of {len(rows)} campaigns found a violation")
     return 1 if found else 0
@@ -302,6 +313,8 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -
         print(f"known: {pid} in {programs} programs (expected with --expect; not a new finding)")
     if row.result is not None:
         print(show([row]))
+        if issubclass(adapter, Scripted):
+            reproduce(row, Path(args.repro_dir or REPRO_DIR))
     if args.json:
         write_json(args.json, [row])
     print(f"\n{target.name}: {'no violation' if row.ok else 'a violation was found'}")
@@ -401,9 +414,9 @@ def parser() -> argparse.ArgumentParser:
                         "a TieredAdapter or SchedulerAdapter runs the cache or scheduler machine instead")
     c.add_argument("--bad-input", choices=[b.value for b in REQUEST_LEVEL],
                    help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
-    c.add_argument("--repro-dir", default=REPRO_DIR, metavar="DIR",
-                   help="with --engine/--adapter (an EngineAdapter): where reproduction files are written "
-                        "(default out/repro)")
+    c.add_argument("--repro-dir", metavar="DIR",
+                   help="where reproduction files of findings are written: with --engine/--adapter (a Scripted "
+                        f"adapter) always, default {REPRO_DIR}; for the reference and mutants only when given")
     c.add_argument("--seeds", type=int, default=3,
                    help="seeds per target; a mutant's run stops at its first kill (default 3)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")

@@ -22,9 +22,13 @@ the machine uses only that, and checks every invariant its observations allow.
 from __future__ import annotations
 
 import enum
+import functools
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
 from typing import Any, Protocol
 
 from kvoracle.spec import invariants
@@ -58,6 +62,9 @@ class BadInput(enum.Enum):
     HASH_MISMATCH = "hash_mismatch"  # commit more hashes than the request has blocks
     TOO_MANY = "too_many"  # allocate more blocks than are free
     BUSY_RESET = "busy_reset"  # reset the cache while requests are live
+    NEGATIVE_LIMIT = "negative_limit"  # match a new request with a negative block limit
+    COMMIT_FILLING = "commit_filling"  # commit a request whose swap-in or prefetch is still filling its blocks
+    WRITE_TOO_MANY = "write_too_many"  # release a request with more hashes to write than it has blocks
     # the scheduler (oracle.serving)
     DOUBLE_ABORT = "double_abort"  # abort a request that was already aborted
     TOO_LARGE = "too_large"  # submit a prompt larger than the whole GPU pool
@@ -70,7 +77,8 @@ class BadInput(enum.Enum):
 REQUEST_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)
 CACHE_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.WRONG_TIER, BadInput.DOUBLE_FINISH,
                BadInput.UNKNOWN_REQUEST, BadInput.UNKNOWN_TRANSFER, BadInput.BAD_PARTIAL,
-               BadInput.DUPLICATE_REQUEST, BadInput.HASH_MISMATCH, BadInput.TOO_MANY, BadInput.BUSY_RESET)
+               BadInput.DUPLICATE_REQUEST, BadInput.HASH_MISMATCH, BadInput.TOO_MANY, BadInput.BUSY_RESET,
+               BadInput.NEGATIVE_LIMIT, BadInput.COMMIT_FILLING, BadInput.WRITE_TOO_MANY)
 SCHEDULER_LEVEL = (BadInput.UNKNOWN_REQUEST, BadInput.DOUBLE_FINISH, BadInput.DOUBLE_ABORT, BadInput.TOO_LARGE,
                    BadInput.DUPLICATE_REQUEST, BadInput.EMPTY, BadInput.PREEMPT_WAITING, BadInput.DUPLICATE_BATCH)
 
@@ -212,6 +220,33 @@ def not_free(o: Observation) -> int:
     return len(o.ids) - len(set(o.free or ()))
 
 
+@functools.lru_cache(maxsize=8192)
+def _compiled(source: str, where: str) -> CodeType:
+    """Engine calls repeat across a campaign's programs: compile each text once."""
+    return compile(source, where, "exec")
+
+
+def import_as(cls: type, alias: str) -> str:
+    """The preamble line binding `cls` to `alias`: an import, a load from the file that
+    defines it, or a comment where neither finds it (a class made at run time: the
+    adapter's `given` binds it instead)."""
+    module = sys.modules.get(cls.__module__)
+    if getattr(module, cls.__qualname__, None) is cls:
+        path = getattr(module, "__file__", "")
+        if not getattr(module, "kvoracle_file", False):
+            return f"from {cls.__module__} import {cls.__qualname__} as {alias}"
+        return (f"from kvoracle.oracle.engines import file_module\n"
+                f"{alias} = file_module({str(Path(path).resolve())!r}).{cls.__qualname__}")
+    return f"# {alias} is {cls.__module__}.{cls.__qualname__}, which cannot be imported by name: define it here"
+
+
+def script_length(adapter: object) -> int:
+    """Engine calls a Scripted adapter has run so far (0 for any other adapter): a machine
+    notes it before each call, so a reproduction knows where the last call begins."""
+    lines = getattr(adapter, "lines", None)
+    return len(lines) if isinstance(lines, list) else 0
+
+
 class Scripted:
     """Runs engine calls from their source text, so that the script an adapter reports
     is exactly what ran, and a shrunk counterexample replays as a standalone file."""
@@ -219,10 +254,15 @@ class Scripted:
     preamble: str = ""  # imports and construction, run once
 
     def __init__(self) -> None:
-        self.namespace: dict[str, object] = {}
+        self.namespace: dict[str, object] = dict(self.given())
         self.lines: list[str] = []
-        exec(compile(self.preamble, "<preamble>", "exec"), self.namespace)
+        exec(_compiled(self.preamble, "<preamble>"), self.namespace)
         self.bind()
+
+    def given(self) -> dict[str, object]:
+        """Names the preamble finds already bound (override it): a class the preamble
+        cannot import, a test's local mutant say, is run as given."""
+        return {}
 
     def bind(self) -> None:
         """Take what the adapter needs from the namespace the preamble built (override it:
@@ -240,7 +280,7 @@ class Scripted:
         """Execute one statement (recorded); the value of `_` afterwards (engine values
         are untyped here: the adapter knows what its engine returns)."""
         self.lines.append(statement)
-        exec(compile(statement, "<engine call>", "exec"), self.namespace)
+        exec(_compiled(statement, "<engine call>"), self.namespace)
         return self.namespace.get("_")
 
     def run_bad(self, statement: str) -> None:

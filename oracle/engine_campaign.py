@@ -12,7 +12,7 @@ from pathlib import Path
 from kvoracle.oracle.campaign import RunResult, run_seeds
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
-from kvoracle.oracle.findings import confirms, reproduction, run_reproduction
+from kvoracle.oracle.findings import confirms, write_reproduction
 from kvoracle.oracle.report import columns
 from kvoracle.oracle.violations import Baseline
 
@@ -59,12 +59,9 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     row = EngineRow(name, machine.tally, result, time.perf_counter() - start)
     if result.violation is None:
         return row
-    repro_dir.mkdir(parents=True, exist_ok=True)
-    step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
     campaign = "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
-    path = repro_dir / f"{adapter.name}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
-    path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
-    return EngineRow(name, machine.tally, result, row.seconds, path, run_reproduction(path))
+    path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign)
+    return EngineRow(name, machine.tally, result, row.seconds, path, failure)
 
 
 def engine_table(rows: Sequence[EngineRow]) -> str:

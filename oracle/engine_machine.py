@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, view_of
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, script_length, view_of
 from kvoracle.spec import liveness
 from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -49,6 +49,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.prompts: dict[str, list[int]] = {}  # request -> the prompt tokens still to prefill
         self.gone: list[str] = []
         self.next_request = 0
+        self.mark = 0  # engine calls made before the current one (for reproductions)
 
     # --- the checking core -----------------------------------------------------------
 
@@ -65,6 +66,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _call(self, name: str, call: Callable[[], object], undo: Callable[[], None] = lambda: None) -> bool:
         """A valid call. False: the engine had no room (then `undo` takes back what the
         machine expected of the call), and must have changed nothing."""
+        self.mark = script_length(self.adapter)
         try:
             call()
         except NoRoom:
@@ -172,6 +174,7 @@ class EngineMachine(RuleBasedStateMachine):
         twice = kind in (BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)  # about a finished request
         rid = (self.gone[-1] if self.gone else None) if twice else self._pick(i)
         name = f"bad_input:{kind.value}"
+        self.mark = script_length(self.adapter)
         before = self.adapter.observe()
         try:
             called = self.adapter.bad_input(kind, rid)

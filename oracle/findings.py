@@ -1,38 +1,51 @@
-"""Turning a machine's counterexample into a standalone reproduction: the engine calls
-the shrunk program made (a Scripted adapter records them as source text), then the
-check that fired, generated: kvoracle's own predicate for that property ID, evaluated on
-the state the calls left, through the adapter's observation code. So a reproduction
-fails with the campaign's ID for as long as the engine has the bug, whatever the ID; the
-adapter's hand-written assertions follow as extras."""
+"""Turning a machine's counterexample into a standalone reproduction, at every level
+(request, cache, scheduler): the engine calls the shrunk program made (a Scripted
+adapter records them as source text), then the check that fired, generated: kvoracle's
+own predicate for that property ID, evaluated on the state the calls left through the
+adapter's observation code, with what the checker itself kept (the view before the
+last call, its record of spec's state and of when transfers started). So a
+reproduction fails with the campaign's ID for as long as the engine has the bug,
+whatever the ID; the adapter's hand-written assertions follow as extras."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvoracle.oracle.campaign import replay
-from kvoracle.oracle.engine import Observation, Scripted, view_of
+from kvoracle.oracle.cache_machine import CacheMachine
+from kvoracle.oracle.campaign import RunResult, replay
+from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
+from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec import invariants, liveness
+from kvoracle.spec import state as spec_state
+from kvoracle.spec import types as spec_types
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.view import View
+from kvoracle.spec.state import System
+from kvoracle.spec.types import Ok, RequestId
+from kvoracle.spec.view import View, of_cache, of_system, request_name
 
 _HEADER = "# kvoracle reproduction: {engine}, {id}"
 _HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)
 _REQUEST = re.compile(r"\brequest (r\d+)\b")
-TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT")  # IDs a reproduction judges on its last step
+_SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
+TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT")  # judged on the last call: the view before it is kept
 
 
 def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
-    """The file text: a header, the engine calls of `steps` replayed on a fresh engine,
-    the generated check of the property that fired, and the adapter's own assertions."""
+    """The file text: a header, the engine calls of `steps` replayed on a fresh engine
+    (the last one, after which the check fired, run apart), the generated check of the
+    property that fired, and the adapter's own assertions."""
     state, boundaries = replay_state(machine, steps)
     adapter = adapter_of(state)
     pid = violation.first_id
@@ -44,21 +57,81 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
         "# engine has the bug.",
     ]
     preamble, *calls = adapter.script()
+    cut = getattr(state, "mark", None)
+    cut = cut if isinstance(cut, int) and 0 < cut <= len(calls) else (boundaries[-1] if boundaries else len(calls))
     source, live = adapter_source(type(adapter)), expected_live(state)
-    call = f"{pid!r}, {source!r}, globals(), live={live!r}"
-    body = ["# the engine calls of the shrunk program", *calls]
-    if pid in TRANSITIONS:  # judged on a step: the state before the last one is kept
-        cut = boundaries[-1] if boundaries else len(calls)
-        exited = sorted(set(_REQUEST.findall(str(violation))))
-        body = ["# the engine calls of the shrunk program", *calls[:cut],
-                "from kvoracle.oracle.findings import view_now",
-                f"_before = view_now({source!r}, globals(), live={live!r})", *calls[cut:]]
-        call += f", before=_before, requests={exited!r}"
+    record = ", ".join(f"{k}={v!r}" for k, v in checker_record(state, adapter, violation).items())
+    body = ["# the engine calls of the shrunk program", *calls[:cut]]
+    if pid in TRANSITIONS:
+        body.append(f"_before = view_now({source!r}, globals(), live={live!r})")
+    body.append("with Last() as _last:  # the call after which the check fired (what it raises is judged)")
+    last = [_SUPPRESSED.sub("", line) if pid == "BAD-INPUT" else line for line in calls[cut:]]  # its refusal counts
+    body += [textwrap.indent(line, "    ") for line in last] or ["    pass"]
+    # what a bad call raises is its refusal, judged by BAD-INPUT alone; what a valid call raises is a finding
+    raised = "_last.error" if pid == "BAD-INPUT" or not _bad_call(violation.step) else "None"
+    call = f"{pid!r}, {source!r}, globals(), live={live!r}, raised={raised}"
+    if pid in TRANSITIONS:
+        call += f", before=_before, requests={sorted(set(_REQUEST.findall(str(violation))))!r}"
     check = ["# kvoracle's check that fired, on the state the calls above left (generated)",
-             "from kvoracle.oracle.findings import fails_with, view_now", f"fails_with({call})"]
+             f"fails_with({call}{', ' + record if record else ''})"]
     extras = getattr(adapter, "assertions", "").rstrip()
-    return "\n".join([*header, "", preamble, "", *body, "", *check, "",
+    return "\n".join([*header, "", preamble, "", "from kvoracle.oracle.findings import Last, fails_with, view_now", "",
+                      *body, "", *check, "",
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
+
+
+def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, repro_dir: Path, engine: str,
+                       campaign: str = "") -> tuple[Path, str]:
+    """Write the reproduction of a campaign's finding into `repro_dir` as
+    <engine><campaign>_<step>_<id>.py and run it once: the path, and what it failed with."""
+    assert result.violation is not None
+    step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
+    name = f"{engine}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
+    path = repro_dir / re.sub(r"[^\w.]", "_", name)
+    repro_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
+    return path, run_reproduction(path)
+
+
+def standalone(path: Path, failure: str, first_id: str) -> str:
+    """The line that says what the reproduction did when it ran on its own."""
+    confirmed = (f"fails standalone with {failure}" if confirms(failure, first_id)
+                 else f"does NOT fail standalone with {first_id}: {failure or 'it passes'}")
+    return f"  reproduction: {path} ({confirmed})"
+
+
+def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: PropertyViolated) -> dict[str, object]:
+    """What the check needs from the checker's own record, not the engine's: the spec
+    state it expected (REFINEMENT), when it saw each transfer start (LIVE-TRANSFER), what
+    the eviction asked for (LIVE-EVICT), the refusal the bad call needed (BAD-INPUT)."""
+    pid, model = violation.first_id, getattr(state, "model", None)
+    if pid == "REFINEMENT" and model is not None:
+        return {"spec": repr(model)}
+    if pid == "LIVE-TRANSFER":
+        started = dict(model.started) if model is not None else dict(getattr(state, "seen", {}))
+        now = model.now if model is not None else getattr(state, "clock", 0)
+        if _literal(started):
+            return {"started": started, "now": now, "timeout": getattr(adapter, "timeout", 0)}
+    if pid == "LIVE-EVICT":
+        return {"need": getattr(state, "asked", 1)}
+    refusals = getattr(adapter, "refusals", None)
+    kind = violation.step.removeprefix("bad_input:")
+    if pid == "BAD-INPUT" and isinstance(refusals, Mapping) and kind in {k.value for k in refusals}:
+        error = refusals[BadInput(kind)]
+        return {"refusal": f"{error.__module__}:{error.__qualname__}"}
+    return {}
+
+
+def _bad_call(step: str) -> bool:
+    """The step is a bad call: `bad_input:KIND` (request level) or the kind's name."""
+    return step.startswith("bad_input:") or step in {k.value for k in BadInput}
+
+
+def _literal(value: object) -> bool:
+    try:
+        return bool(ast.literal_eval(repr(value)) == value)
+    except (ValueError, SyntaxError):
+        return False
 
 
 def adapter_of(state: RuleBasedStateMachine) -> Scripted:
@@ -69,7 +142,10 @@ def adapter_of(state: RuleBasedStateMachine) -> Scripted:
 
 
 def expected_live(state: RuleBasedStateMachine) -> dict[str, int] | None:
-    """What the machine expected live (request -> tokens computed), where it keeps that."""
+    """What the machine expected live (request -> tokens computed), where it keeps that
+    (None: the engine's own statuses say)."""
+    if isinstance(state, CacheMachine):
+        return {request_name(r): held.placed * state.engine.block_size for r, held in state.live.items()}
     live = getattr(state, "live", None)
     if isinstance(live, dict) and all(isinstance(k, str) for k in live):
         return dict(live)
@@ -134,28 +210,128 @@ def view_now(source: str, namespace: dict[str, object], live: Mapping[str, int] 
     return view_of(adapter.observe(), cpu, live, adapter.block_size)
 
 
+class Last:
+    """Runs a reproduction's last engine call: what it raises is kept for the check
+    (an exception escaping a valid call is itself a finding), not thrown."""
+
+    error: Exception | None = None
+
+    def __enter__(self) -> Last:
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> bool:
+        if isinstance(error, Exception):
+            self.error = error
+            return True
+        return False
+
+
 def fails_with(pid: str, source: str, namespace: dict[str, object], live: Mapping[str, int] | None = None,
-               before: View | None = None, requests: Sequence[str] = ()) -> None:
+               before: View | None = None, requests: Sequence[str] = (), raised: Exception | None = None,
+               **record: Any) -> None:
     """Raise AssertionError("<pid>: ...") when the engine's state breaks property `pid`,
-    as kvoracle's machine found it (its first violation, by the same predicate)."""
-    found = _violations(pid, source, namespace, live, before, requests)
+    as kvoracle's machine found it (its first violation, by the same predicate). `raised`:
+    what the last call raised; `record`: the checker's own record (checker_record)."""
+    found = _violations(pid, Evidence(source, namespace, live, before, requests, raised, record))
     if found:
         raise AssertionError(str(found[0]) + "".join(f"\n  {v}" for v in found[1:]))
+    if raised is not None and pid != "BAD-INPUT":  # a bad call's refusal is fine; a valid call's is not
+        raise raised
 
 
-def _violations(pid: str, source: str, namespace: dict[str, object], live: Mapping[str, int] | None,
-                before: View | None, requests: Sequence[str]) -> list[Violation]:
-    if pid in invariants.SAFETY:
-        return [v for v in invariants.SAFETY[pid](view_now(source, namespace, live)) if v.id == pid]
-    if pid == "LIVE-EXIT" and before is not None:
-        after = view_now(source, namespace, live)
-        return [v for r in requests for v in liveness.live_exit(before, after, r)]
-    if pid == "BAD-INPUT" and before is not None:  # the last step was a bad call: it must change nothing
-        after = view_now(source, namespace, live)
-        return [] if after == before else [Violation("BAD-INPUT", f"the bad call changed the state: {_changed(before, after)}")]
+@dataclass(frozen=True)
+class Evidence:
+    """What a reproduction hands its check: the engine (through the adapter named by
+    `source`, attached to the file's namespace), and what was kept along the way."""
+
+    source: str
+    namespace: dict[str, object]
+    live: Mapping[str, int] | None
+    before: View | None
+    requests: Sequence[str]
+    raised: Exception | None
+    record: Mapping[str, Any]
+
+    def adapter(self) -> Any:
+        return attached(self.source, self.namespace)
+
+    def view(self) -> View:
+        return view_now(self.source, self.namespace, self.live)
+
+
+def _violations(pid: str, ev: Evidence) -> list[Violation]:
+    if pid in invariants.SAFETY or pid == "INV-CONTENT":
+        return [v for v in _safety(ev.adapter(), ev.view()) if v.id == pid]
+    if pid == "VALID-INPUT":
+        return [] if ev.raised is None else [Violation(pid, f"the engine raised {ev.raised!r} on a valid call")]
     if pid == "LIVE-DRAIN":
-        return _drained(attached(source, namespace), live)
-    raise ValueError(f"no generated check for {pid}: the reproduction shows the calls only")
+        return _drained(ev.adapter(), ev.live)
+    if pid == "LIVE-TRANSFER" and "started" in ev.record:
+        still = set(ev.adapter().transfers())
+        started = {t: at for t, at in ev.record["started"].items() if t in still}
+        return liveness.live_transfer(started, ev.record["now"], ev.record["timeout"])
+    if pid == "REFINEMENT" and "spec" in ev.record:
+        return _refines(ev.adapter(), ev.record["spec"])
+    if ev.before is None or pid not in TRANSITIONS:
+        raise ValueError(f"no generated check for {pid}: the reproduction shows the calls only")
+    after = ev.view()
+    if pid == "LIVE-EXIT":
+        return [v for r in ev.requests for v in liveness.live_exit(ev.before, after, r)]
+    if pid == "LIVE-EVICT":
+        return _evicted(ev.before, after, ev.record.get("need", 1), ev.raised)
+    return _refused(ev.before, after, ev.raised, ev.record.get("refusal"))
+
+
+def _safety(adapter: Any, observed: View) -> list[Violation]:
+    """spec's safety properties on the abstraction (where the adapter gives one), the
+    engine's own checks and KV content, then the observation: as the machines check."""
+    found: list[Violation] = []
+    if hasattr(adapter, "abstract") and (got := adapter.abstract()) is not None:
+        found = invariants.check(of_cache(got))
+    elif hasattr(adapter, "state") and (system := adapter.state()) is not None:
+        found = invariants.check(of_system(system))
+    for more in (getattr(adapter, "invariants", list)(), getattr(adapter, "content", list)(),
+                 invariants.check(observed)):
+        seen = {v.id for v in found}
+        found += [v for v in more if v.id not in seen]
+    return found
+
+
+def _refines(adapter: Any, spec: str) -> list[Violation]:
+    """REFINEMENT: the engine's abstraction is the state the specification reached."""
+    want = eval(spec, {**vars(spec_state), **vars(spec_types)})  # the checker's record, as kvoracle printed it
+    if isinstance(want, System):
+        got = adapter.state()
+        same = (got.cache, got.requests) == (want.cache, want.requests)
+    else:
+        got = adapter.abstract()
+        same = got == want
+    return [] if same else [Violation("REFINEMENT", f"the engine's state is not the specification's: {got!r}")]
+
+
+def _evicted(before: View, after: View, need: int, raised: Exception | None) -> list[Violation]:
+    """LIVE-EVICT (spec's predicate) on the observations: the eviction evicted nothing
+    when every evictable block is still there, still evictable."""
+    if raised is not None:
+        return liveness.live_evict(None, 0, need, None, raised=raised)
+    was, now = before.gpu.evictable, after.gpu.evictable
+    if now is None or now != was or before.gpu.cached != after.gpu.cached:
+        return []  # something left the GPU, or the engine does not say
+    return liveness.live_evict(None, len(was or ()), need, ())  # no step evicted anything
+
+
+def _refused(before: View, after: View, raised: Exception | None, refusal: str | None) -> list[Violation]:
+    """BAD-INPUT: the bad call changed nothing, and was refused with the declared error
+    (where the level declares one)."""
+    if refusal is not None:
+        module, _, name = refusal.partition(":")
+        error = getattr(importlib.import_module(module), name)
+        if not isinstance(raised, error):
+            what = "accepted" if raised is None else f"raised {type(raised).__name__}"
+            return [Violation("BAD-INPUT", f"expected {error.__name__}, {what}")]
+    if after == before:
+        return []
+    return [Violation("BAD-INPUT", f"the bad call changed the state: {_changed(before, after)}")]
 
 
 def _changed(before: View, after: View) -> str:
@@ -174,14 +350,28 @@ def _drained(adapter: Any, live: Mapping[str, int] | None) -> list[Violation]:
         for _ in range(adapter.timeout + 8):
             adapter.evict_all()
             adapter.tick(1)
+    elif hasattr(adapter, "evict_gpu"):  # the cache level
+        _drain_cache(adapter, live or {})
     else:  # the request level
         for rid in sorted(live or {}):
             adapter.finish(rid)
         if hasattr(adapter, "evict"):
             adapter.evict(len(adapter.observe().ids))
     cpu = adapter.observe_cpu() if hasattr(adapter, "observe_cpu") else None
-    in_flight = len(adapter.transfers()) if hasattr(adapter, "transfers") else 0
+    in_flight = len(adapter.transfers() if hasattr(adapter, "transfers") else getattr(adapter, "in_flight", list)())
     return liveness.drained(view_of(adapter.observe(), cpu), in_flight)
+
+
+def _drain_cache(adapter: Any, live: Mapping[str, int]) -> None:
+    """cache_machine.drain: release every request, then in rounds complete every
+    transfer, evict the CPU tier, evict the GPU tier."""
+    for name in sorted(live):
+        adapter.release(RequestId(int(name.removeprefix("r"))), Blocks((), ()))
+    for _ in range(liveness.drain_bound(adapter.gpu_blocks, adapter.cpu_blocks, len(live))):
+        for job in adapter.in_flight():
+            adapter.complete(job.transfer, Ok())
+        adapter.evict_cpu(adapter.cpu_blocks)
+        adapter.evict_gpu(adapter.gpu_blocks)
 
 
 def run_reproduction(path: Path) -> str:

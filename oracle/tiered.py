@@ -58,6 +58,11 @@ class TieredAdapter(Protocol):
     cpu_blocks: int
     # The bad calls it can make, each with the exception the engine must refuse it with.
     refusals: Mapping[BadInput, type[Exception]]
+    # Optional: `transfer_outcomes: frozenset[str]`, the outcomes the engine's transfers can
+    # have ("ok", "error", "timeout", "partial"; a synchronous swap: {"ok"}); the machine draws
+    # only those. Absent: every outcome. And `match_limits: bool`: False for an engine that
+    # picks its own swap and prefetch budget (the machine then always passes `limit` = the
+    # blocks the request lacks). Absent: True, the machine draws limits below that too.
 
     # --- what a scheduler asks before it calls ------------------------------------------
     def free_gpu(self) -> int: ...

@@ -130,6 +130,9 @@ class Status(Enum):
     FINISHED = "finished"
     ABORTED = "aborted"
 
+    def __repr__(self) -> str:  # evaluable, as the rest of a printed state
+        return f"Status.{self.name}"
+
 
 QUEUED = (Status.WAITING, Status.PREEMPTED)
 EXITED = (Status.FINISHED, Status.ABORTED)

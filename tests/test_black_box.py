@@ -64,7 +64,7 @@ FIRST_ID = {
     "double-unlock": {"INV-REFCOUNT"},
     "counter-drift": {"INV-COUNTERS"},
     "cross-tier": {"INV-TIER", "INV-CONSERVE"},
-    "duplicate-overwrite": {"INV-NO-UAF", "INV-CONSERVE"},
+    "duplicate-overwrite": {"INV-NO-UAF", "INV-CONSERVE", "LIVE-EXIT"},
     "recycle-listed": {"INV-NO-UAF"},
     "wedged-eviction": {"LIVE-EVICT"},
     "write-raise-finish": {"LIVE-EXIT"},

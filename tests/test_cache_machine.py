@@ -1,5 +1,33 @@
 """The reference cache survives the cache-level stateful machine."""
 
 from kvoracle.oracle.cache_machine import CacheMachine
+from kvoracle.oracle.campaign import run_machine
+from kvoracle.oracle.engine import CACHE_LEVEL
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.targets import Target, tally_of
 
 TestReferenceCache = CacheMachine.TestCase
+
+
+def test_the_machine_draws_only_the_outcomes_an_engine_declares() -> None:
+    """An engine whose swaps are synchronous declares {"ok"}: no transfer of it fails."""
+    class Synchronous(ReferenceCache):
+        name = "synchronous"
+        transfer_outcomes = frozenset({"ok"})
+
+    runs = {}
+    for adapter in (ReferenceCache, Synchronous):
+        machine = Target(adapter.name, "cache", None, adapter).machine()
+        assert run_machine(machine, seed_value=0, examples=60, steps=60).passed
+        runs[adapter.name] = tally_of(machine)
+    assert set(runs["synchronous"].outcomes) == {"ok"} and runs["synchronous"].faults == 0
+    assert runs["reference"].faults > 0 and set(runs["reference"].outcomes) > {"ok"}  # the same campaign fails some
+
+
+def test_every_bad_call_of_the_cache_level_is_made() -> None:
+    """Each kind the reference refuses is drawn and made, so its refusal path is checked."""
+    machine = Target("reference", "cache", None).machine()
+    for seed in (0, 1):
+        assert run_machine(machine, seed_value=seed, examples=100, steps=60).passed
+    made = set(tally_of(machine).per_rule)
+    assert {kind.value for kind in CACHE_LEVEL} - made == set()

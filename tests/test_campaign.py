@@ -10,6 +10,7 @@ from pathlib import Path
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.findings import run_reproduction
 from kvoracle.oracle.targets import Target
 from kvoracle.spec.types import Outcome, TransferId
 
@@ -63,12 +64,15 @@ class Engine(ReferenceCache):
 def test_a_baseline_shows_one_known_and_one_new_finding(tmp_path: Path) -> None:
     (tmp_path / "two_bugs.py").write_text(ADAPTER)
     done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
-                           f"{tmp_path}/two_bugs.py:Engine", "--seeds", "2", "--expect", "INV-COUNTERS"],
+                           f"{tmp_path}/two_bugs.py:Engine", "--seeds", "2", "--expect", "INV-COUNTERS",
+                           "--repro-dir", str(tmp_path / "repro")],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 1, done.stderr
     assert "known: INV-COUNTERS in" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.startswith("two-bugs"))
     assert "INV-REFCOUNT" in row and "INV-COUNTERS" not in row
+    # the new finding's reproduction loads the engine's class from the adapter's file
+    assert "fails standalone with AssertionError: INV-REFCOUNT" in done.stdout, done.stdout
 
 
 def test_a_raising_adapter_is_reported_by_the_cli_without_a_traceback(tmp_path: Path) -> None:
@@ -77,7 +81,39 @@ def test_a_raising_adapter_is_reported_by_the_cli_without_a_traceback(tmp_path: 
         "class Engine(ReferenceCache):\n    name = 'raising'\n\n"
         "    def evict_gpu(self, n):\n        raise MemoryError('engine fell over')\n")
     done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
-                           f"{tmp_path}/raising.py:Engine", "--seeds", "1"],
+                           f"{tmp_path}/raising.py:Engine", "--seeds", "1", "--repro-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
     assert "LIVE-EVICT" in done.stdout and "engine fell over" in done.stdout
+
+
+DRIFTING = '''
+from dataclasses import replace
+
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+
+
+class Drifting(ReferenceCache):
+    """Its abstraction miscounts transfers once two requests are live (an adapter bug
+    only refinement sees: every invariant still holds)."""
+
+    name = "drifting"
+
+    def abstract(self):
+        s = super().abstract()
+        return replace(s, next_transfer=s.next_transfer + 1) if len(s.requests) > 1 else s
+'''
+
+
+def test_a_refinement_finding_reproduces_against_the_checkers_record(tmp_path: Path) -> None:
+    (tmp_path / "drifting.py").write_text(DRIFTING)
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           f"{tmp_path}/drifting.py:Drifting", "--seeds", "1", "--repro-dir", str(tmp_path / "repro")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 1 and "REFINEMENT" in done.stdout, done.stdout + done.stderr
+    assert "fails standalone with AssertionError: REFINEMENT" in done.stdout, done.stdout
+    (path,) = (tmp_path / "repro").glob("drifting_*_refinement.py")
+    fixed = path.read_text().replace(f"{tmp_path}/drifting.py:Drifting",
+                                     "kvoracle.oracle.engines.reference_cache:ReferenceCache")
+    (tmp_path / "fixed.py").write_text(fixed)
+    assert run_reproduction(tmp_path / "fixed.py") == ""  # the engine agrees with spec: only the adapter drifted

@@ -115,13 +115,17 @@ def test_cli_runs_the_machine_of_the_adapters_protocol(tmp_path: Path, module: s
     source = MUTANT_ADAPTER.format(module=module, base=base, attr=attr, mutant=mutant)
     (tmp_path / "mine.py").write_text(source, encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter", f"{tmp_path}/mine.py:Mine",
-                           "--seeds", "1", "--examples", "100"], capture_output=True, text=True, timeout=600)
+                           "--seeds", "1", "--examples", "100", "--repro-dir", str(tmp_path / "repro")],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
     assert re.search(rf"^mine\s+{level}\s.*\sFAIL\s+{first}\s", done.stdout, re.M), done.stdout
+    # a Scripted adapter at any level writes its finding as a file that fails alone with the same ID
+    assert f"fails standalone with AssertionError: {first}" in done.stdout, done.stdout
+    assert len(list((tmp_path / "repro").glob(f"mine_*_{first.lower().replace('-', '_')}.py"))) == 1
 
 
 def test_cli_refuses_engine_only_options_for_a_deeper_adapter() -> None:
     done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
-                           "kvoracle.oracle.engines.reference_cache:ReferenceCache", "--repro-dir", "x"],
+                           "kvoracle.oracle.engines.reference_cache:ReferenceCache", "--record", "x"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--repro-dir: not with a cache adapter" in done.stderr, done.stderr
+    assert done.returncode == 2 and "--record: not with a cache adapter" in done.stderr, done.stderr

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from kvoracle.oracle.engine import EngineAdapter
 from kvoracle.oracle.serving import SchedulerAdapter
@@ -32,6 +33,8 @@ ENGINES: dict[str, Engine] = {
         Engine("vllm-scheduler", "kvoracle.oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
         Engine("sglang", "kvoracle.oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
         Engine("fastdeploy", "kvoracle.oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
+        Engine("fastdeploy-chunked", "kvoracle.oracle.engines.fastdeploy_chunked", "FastDeployChunked", "fastdeploy", "",
+               "source"),
     )
 }
 
@@ -56,17 +59,7 @@ def load_adapter(spec: str) -> type:
     where, sep, cls_name = spec.rpartition(":")
     if not sep or not where or not cls_name:
         raise ValueError(f"--adapter wants MODULE:CLASS or FILE.py:CLASS, got {spec!r}")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise ValueError(f"--adapter: no file {where}")
-        spec_ = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec_ is not None and spec_.loader is not None
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[path.stem] = module
-        spec_.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    module = file_module(Path(where)) if where.endswith(".py") else importlib.import_module(where)
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"--adapter: {where} has no class {cls_name}")
@@ -74,6 +67,24 @@ def load_adapter(spec: str) -> type:
         setattr(cls, "kvoracle_source", f"{Path(where).resolve()}:{cls_name}")
     protocol_of(cls)  # raises, naming what is missing
     return cls
+
+
+def file_module(where: str | Path) -> ModuleType:
+    """The module of a Python file, loaded once per process (an adapter's file, or a
+    class of it that a reproduction builds its engine from)."""
+    path = Path(where)
+    if not path.is_file():
+        raise ValueError(f"--adapter: no file {path}")
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        return loaded
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    setattr(module, "kvoracle_file", True)  # a reproduction loads it from the file too (oracle.engine.import_as)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _members(protocol: type) -> set[str]:

@@ -29,26 +29,30 @@ from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, 
 BLOCK = 4
 NUM_BLOCKS = 6  # GPU blocks 0..5; FastDeploy has no reserved null block
 
-PREAMBLE = f"""\
+
+def construction(gpu_blocks: int, cpu_blocks: int, block: int = BLOCK) -> str:
+    """The preamble's first part: the manager, built from a minimal config."""
+    return f"""\
 from types import SimpleNamespace
 
 import numpy as np
 from fastdeploy.cache_manager.prefix_cache_manager import PrefixCacheManager
 
-BLOCK = {BLOCK}
+BLOCK = {block}
 cache_config = SimpleNamespace(
-    total_block_num={NUM_BLOCKS}, prefill_kvcache_block_num={NUM_BLOCKS}, num_cpu_blocks=0, kvcache_storage_backend=None,
+    total_block_num={gpu_blocks}, prefill_kvcache_block_num={gpu_blocks}, num_cpu_blocks={cpu_blocks}, kvcache_storage_backend=None,
     write_policy="write_through", bytes_per_token_per_layer=1, enable_prefix_caching=True,
     enable_output_caching=False, block_size=BLOCK,
 )
 config = SimpleNamespace(cache_config=cache_config, speculative_config=None,
                          parallel_config=SimpleNamespace(tensor_parallel_size=1))
 pcm = PrefixCacheManager(config, tensor_parallel_size=1)  # no launch_cache_manager: no processes, no IPC
-# launch_cache_manager is what creates prefix_tree_status_signal (an IPC signal). The manager's
-# error handlers read it to decide whether to re-raise, so without it any engine exception
-# would surface as an AttributeError. 0 is PrefixTreeStatus.NORMAL: errors are re-raised.
-pcm.prefix_tree_status_signal = SimpleNamespace(value=np.array([0]))
-running = {{}}  # request id -> request, as ResourceManagerV1.running
+"""
+
+
+# The requests, as the scheduler keeps them, and its release path (shared with the adapters
+# of chunked prefill and of the CPU tier).
+REQUESTS = """\
 
 
 def request(rid, tokens):
@@ -63,6 +67,15 @@ def free_blocks(req):  # ResourceManagerV1._free_blocks with prefix caching
     pcm.release_block_ids(req)
     pcm.recycle_gpu_blocks(req.block_tables[req.num_cached_blocks:], req.request_id)
     req.block_tables = []
+"""
+
+PREAMBLE = construction(NUM_BLOCKS, 0) + """\
+# launch_cache_manager is what creates prefix_tree_status_signal (an IPC signal). The manager's
+# error handlers read it to decide whether to re-raise, so without it any engine exception
+# would surface as an AttributeError. 0 is PrefixTreeStatus.NORMAL: errors are re-raised.
+pcm.prefix_tree_status_signal = SimpleNamespace(value=np.array([0]))
+running = {}  # request id -> request, as ResourceManagerV1.running
+""" + REQUESTS + """\
 
 
 def admit(req):  # the scheduler's WAITING path; None: no room, the request keeps waiting

@@ -3,7 +3,7 @@ Protocol, call by call, and its observations of each tier."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from kvoracle.kvcache.abstraction import abstract, audit, view
 from kvoracle.kvcache.errors import (
@@ -11,33 +11,24 @@ from kvoracle.kvcache.errors import (
     DoubleFree,
     DuplicateRequest,
     HashMismatch,
+    InvalidLimit,
     InvalidOutcome,
     NotQuiescent,
+    NotReady,
     OutOfBlocks,
     UnknownRequest,
     UnknownTransfer,
 )
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
-from kvoracle.oracle.engine import BadInput, Observation
+from kvoracle.oracle.engine import BadInput, Observation, Scripted, import_as
 from kvoracle.oracle.tiered import Blocks, Matched, Pending
 from kvoracle.spec.actions import EvictStep
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState
-from kvoracle.spec.types import (
-    BlockHash,
-    CpuBlock,
-    GpuBlock,
-    Ok,
-    OnCpu,
-    OnGpu,
-    Outcome,
-    Partial,
-    RequestId,
-    SwappingIn,
-    SwappingOut,
-    TransferId,
-)
+from kvoracle.spec.types import BlockHash, GpuBlock, OnCpu, OnGpu, Outcome, RequestId, SwappingIn, SwappingOut, TransferId
+
+NOBODY = 10**6  # a request or transfer id no campaign reaches
 
 
 def _transfer_blocks(cache: CacheManager) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -103,8 +94,9 @@ def cpu_observation(c: CacheManager) -> Observation:
     )
 
 
-class ReferenceCache:
-    """CacheManager (or a mutant of it) behind the tiered-cache Protocol."""
+class ReferenceCache(Scripted):
+    """CacheManager (or a mutant of it) behind the tiered-cache Protocol. Each call runs
+    from its source text (oracle.engine.Scripted), so a finding replays as a file."""
 
     name = "reference"
     block_size = 2
@@ -123,10 +115,27 @@ class ReferenceCache:
         BadInput.HASH_MISMATCH: HashMismatch,
         BadInput.TOO_MANY: OutOfBlocks,
         BadInput.BUSY_RESET: NotQuiescent,
+        BadInput.NEGATIVE_LIMIT: InvalidLimit,
+        BadInput.COMMIT_FILLING: NotReady,
+        BadInput.WRITE_TOO_MANY: HashMismatch,
     }
 
     def __init__(self) -> None:
-        self.cache = self.cache_class(self.gpu_blocks, self.cpu_blocks)
+        self.preamble = "\n".join([
+            "from kvoracle.spec.types import Error, Ok, Partial, Timeout",
+            import_as(self.cache_class, "Cache"),
+            "",
+            f"cache = Cache({self.gpu_blocks}, {self.cpu_blocks})",
+        ])
+        super().__init__()
+
+    def given(self) -> dict[str, object]:
+        return {"Cache": self.cache_class}
+
+    def bind(self) -> None:
+        cache = self.namespace["cache"]
+        assert isinstance(cache, CacheManager)
+        self.cache = cache
 
     def free_gpu(self) -> int:
         return self.cache.gpu.num_free
@@ -147,59 +156,74 @@ class ReferenceCache:
         return self.cache.tree.size
 
     def match(self, r: RequestId, prompt: Blocks, limit: int) -> Matched:
-        rep = self.cache.match(r, prompt.hashes, limit=limit)
+        rep = self.run(f"_ = cache.match({r}, {prompt.hashes!r}, limit={limit})")
         return Matched(rep.swap_dests, rep.prefetch_dests)
 
     def allocate(self, r: RequestId, n: int) -> tuple[GpuBlock, ...]:
-        return tuple(self.cache.allocate(r, n))
+        return tuple(self.run(f"_ = cache.allocate({r}, {n})"))
 
     def commit(self, r: RequestId, full: Blocks) -> None:
-        self.cache.commit(r, full.hashes)
+        self.run(f"cache.commit({r}, {full.hashes!r})")
 
     def release(self, r: RequestId, write: Blocks) -> tuple[tuple[BlockHash, GpuBlock], ...]:
-        return self.cache.release(r, write.hashes).writes
+        writes: tuple[tuple[BlockHash, GpuBlock], ...] = self.run(f"_ = cache.release({r}, {write.hashes!r})").writes
+        return writes
 
     def evict_gpu(self, n: int) -> tuple[EvictStep, ...]:
-        return self.cache.evict_gpu(n).steps
+        steps: tuple[EvictStep, ...] = self.run(f"_ = cache.evict_gpu({n})").steps
+        return steps
 
     def evict_cpu(self, n: int) -> tuple[EvictStep, ...]:
-        return self.cache.evict_cpu(n).steps
+        steps: tuple[EvictStep, ...] = self.run(f"_ = cache.evict_cpu({n})").steps
+        return steps
 
     def complete(self, t: TransferId, outcome: Outcome) -> None:
-        self.cache.complete(t, outcome)
+        self.run(f"cache.complete({t}, {outcome!r})")
 
     def reset(self) -> None:
-        self.cache.reset()
+        self.run("cache.reset()")
 
     def bad_call(self, kind: BadInput, r: RequestId | None) -> bool:
         call = self._bad_calls(r).get(kind)
         if call is None:
             return False
-        call()
+        self.run_bad(call())
         return True
 
-    def _bad_calls(self, r: RequestId | None) -> dict[BadInput, Callable[[], object]]:
-        """The bad calls that apply in this state (`r`: the request the kind is about, as
-        the machine knows it: a request the engine should have forgotten is still tried)."""
+    def _bad_calls(self, r: RequestId | None) -> dict[BadInput, Callable[[], str]]:
+        """The bad calls that apply in this state, as source text made when called (`r`:
+        the request the kind is about, as the machine knows it: a request the engine
+        should have forgotten is still tried)."""
         c = self.cache
-        calls: dict[BadInput, Callable[[], object]] = {
-            BadInput.OUT_OF_RANGE: lambda: c.gpu.free([GpuBlock(c.gpu.size)]),
-            BadInput.WRONG_TIER: lambda: c.cpu.free([CpuBlock(c.gpu.size - 1)]),
-            BadInput.UNKNOWN_REQUEST: lambda: c.commit(RequestId(10**6), ()),
-            BadInput.UNKNOWN_TRANSFER: lambda: c.complete(TransferId(10**6), Ok()),
+        calls: dict[BadInput, Callable[[], str]] = {
+            BadInput.OUT_OF_RANGE: lambda: f"cache.gpu.free([{c.gpu.size}])",
+            BadInput.WRONG_TIER: lambda: f"cache.cpu.free([{c.gpu.size - 1}])",
+            BadInput.UNKNOWN_REQUEST: lambda: f"cache.commit({NOBODY}, ())",
+            BadInput.UNKNOWN_TRANSFER: lambda: f"cache.complete({NOBODY}, Ok())",
+            BadInput.NEGATIVE_LIMIT: lambda: f"cache.match({NOBODY}, (), limit=-1)",
         }
+        filling = [q for q in sorted(c.requests) if not c.ready(q)]
+        if filling:  # a swap-in or prefetch of its blocks has not ended
+            calls[BadInput.COMMIT_FILLING] = lambda: f"cache.commit({filling[0]}, {self._prefix(filling[0])!r})"
         if c.gpu.num_free:
-            calls[BadInput.DOUBLE_FREE] = lambda: c.gpu.free([c.gpu.free_blocks()[-1]])
+            calls[BadInput.DOUBLE_FREE] = lambda: f"cache.gpu.free([{c.gpu.free_blocks()[-1]}])"
         if c.jobs:
             t = c.in_flight()[0]
-            calls[BadInput.BAD_PARTIAL] = lambda: c.complete(t, Partial(len(c.jobs[t].items) + 1))
+            calls[BadInput.BAD_PARTIAL] = lambda: f"cache.complete({t}, Partial({len(c.jobs[t].items) + 1}))"
         if r is not None:
-            calls[BadInput.DOUBLE_FINISH] = lambda: c.release(r)
-            calls[BadInput.DUPLICATE_REQUEST] = lambda: c.match(r, ())
-            calls[BadInput.HASH_MISMATCH] = lambda: c.commit(r, (BlockHash(1),) * (len(c.table(r)) + 1))
-            calls[BadInput.BUSY_RESET] = c.reset
-            calls[BadInput.TOO_MANY] = lambda: c.allocate(r, c.gpu.num_free + 1)
+            calls[BadInput.DOUBLE_FINISH] = lambda: f"cache.release({r})"
+            # the same request again, with its own prefix, as a scheduler's retry would send it
+            calls[BadInput.DUPLICATE_REQUEST] = lambda: f"cache.match({r}, {self._prefix(r)!r})"
+            calls[BadInput.WRITE_TOO_MANY] = lambda: f"cache.release({r}, {(1,) * (len(c.table(r)) + 1)!r})"
+            calls[BadInput.HASH_MISMATCH] = lambda: f"cache.commit({r}, {(1,) * (len(c.table(r)) + 1)!r})"
+            calls[BadInput.BUSY_RESET] = lambda: "cache.reset()"
+            calls[BadInput.TOO_MANY] = lambda: f"cache.allocate({r}, {c.gpu.num_free + 1})"
         return calls
+
+    def _prefix(self, r: RequestId) -> tuple[BlockHash, ...]:
+        """The hashes of the cached prefix request `r` holds (none once it has ended)."""
+        held = self.cache.requests.get(r)
+        return () if held is None else tuple(n.hash for n in held.path)
 
     def observe(self) -> Observation:
         return gpu_observation(self.cache)

@@ -15,13 +15,12 @@ from kvoracle.kvcache.errors import (
     RequestTooLarge,
     UnknownRequest,
 )
-from kvoracle.kvcache.faults import Fault, FaultyCopier, FaultyStorage, ScriptedFaults
+from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.kvcache.manager import CacheManager
-from kvoracle.kvcache.pool import default_backend, make_pool
-from kvoracle.kvcache.storage import MemoryStorage
-from kvoracle.oracle.engine import BadInput, Observation
-from kvoracle.oracle.engines.reference_cache import cpu_observation, gpu_observation
-from kvoracle.scheduler.content import KVPools, content
+from kvoracle.kvcache.pool import default_backend
+from kvoracle.oracle.engine import BadInput, Observation, Scripted, import_as
+from kvoracle.oracle.engines.reference_cache import NOBODY, cpu_observation, gpu_observation
+from kvoracle.scheduler.content import content
 from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.invariants import Violation
@@ -30,9 +29,10 @@ from kvoracle.spec.state import Request, Status, System
 from kvoracle.spec.types import RequestId
 
 
-class ReferenceScheduler:
+class ReferenceScheduler(Scripted):
     """ResourceManager (or a mutant) over CacheManager, its storage and copier failing as
-    each call's faults say, moving real KV bytes (numpy, or KV_BACKEND)."""
+    each call's faults say, moving real KV bytes (numpy, or KV_BACKEND). Each call runs
+    from its source text (oracle.engine.Scripted), so a finding replays as a file."""
 
     name = "reference"
     scheduler_class: type[ResourceManager] = ResourceManager
@@ -55,77 +55,90 @@ class ReferenceScheduler:
     }
 
     def __init__(self) -> None:
-        self.plan = ScriptedFaults()
         backend = self.kv_backend or default_backend()
-        pools = KVPools(
-            make_pool(backend, "cpu", self.gpu_blocks, self.block_size, 1, 8),
-            make_pool(backend, "cpu", self.cpu_blocks, self.block_size, 1, 8),
-        )
-        self.rm = self.scheduler_class(
-            self.cache_class(self.gpu_blocks, self.cpu_blocks),
-            FaultyStorage(MemoryStorage(), self.plan),
-            FaultyCopier(self.plan),
-            block_size=self.block_size,
-            write_policy=self.write_policy,
-            timeout=self.timeout,
-            pools=pools,
-        )
+        pool = f"make_pool({backend!r}, 'cpu', {{}}, {self.block_size}, 1, 8)"
+        self.preamble = "\n".join([
+            "from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults",
+            "from kvoracle.kvcache.pool import make_pool",
+            "from kvoracle.kvcache.storage import MemoryStorage",
+            "from kvoracle.scheduler.content import KVPools",
+            "from kvoracle.scheduler.request import WritePolicy",
+            import_as(self.scheduler_class, "Scheduler"),
+            import_as(self.cache_class, "Cache"),
+            "",
+            "plan = ScriptedFaults()  # the faults each call's storage and swap I/O suffer",
+            f"pools = KVPools({pool.format(self.gpu_blocks)}, {pool.format(self.cpu_blocks)})",
+            f"rm = Scheduler(Cache({self.gpu_blocks}, {self.cpu_blocks}), FaultyStorage(MemoryStorage(), plan),",
+            f"               FaultyCopier(plan), block_size={self.block_size}, write_policy=WritePolicy.{self.write_policy.name},",
+            f"               timeout={self.timeout}, pools=pools)",
+        ])
+        super().__init__()
 
-    def _under(self, faults: Sequence[Fault], call: Callable[[], object]) -> None:
-        for f in faults:
-            self.plan.push(f)
-        try:
-            call()
-        finally:
-            self.plan.clear()
+    def given(self) -> dict[str, object]:
+        return {"Scheduler": self.scheduler_class, "Cache": self.cache_class}
+
+    def bind(self) -> None:
+        rm = self.namespace["rm"]
+        assert isinstance(rm, ResourceManager)
+        self.rm = rm
+
+    def _under(self, faults: Sequence[Fault], call: str) -> None:
+        """Run `call` with its I/O suffering `faults` (up to the last real one: after
+        it, every call succeeds anyway)."""
+        last = max((i for i, f in enumerate(faults) if f.kind is not FaultKind.OK), default=-1)
+        if last < 0:
+            self.run(call)
+        else:
+            self.run(f"with plan.injecting({list(faults[: last + 1])!r}):\n    {call}")
 
     def submit(self, r: RequestId, tokens: Sequence[int]) -> None:
-        self.rm.submit(r, tokens)
+        self.run(f"rm.submit({r}, {list(tokens)})")
 
     def schedule(self, faults: Sequence[Fault]) -> None:
-        self._under(faults, self.rm.schedule)
+        self._under(faults, "rm.schedule()")
 
     def finish(self, batch: Sequence[RequestId], faults: Sequence[Fault]) -> None:
-        self._under(faults, lambda: self.rm.finish(batch))
+        self._under(faults, f"rm.finish({list(batch)})")
 
     def preempt(self, r: RequestId, faults: Sequence[Fault]) -> None:
-        self._under(faults, lambda: self.rm.preempt(r))
+        self._under(faults, f"rm.preempt({r})")
 
     def abort(self, r: RequestId, faults: Sequence[Fault]) -> None:
-        self._under(faults, lambda: self.rm.abort(r))
+        self._under(faults, f"rm.abort({r})")
 
     def tick(self, n: int) -> None:
-        self.rm.tick(n)
+        self.run(f"rm.tick({n})")
 
     def evict_all(self) -> None:
-        self.rm.evict_all()
+        self.run("rm.evict_all()")
 
     def bad_call(self, kind: BadInput) -> bool:
         call = self._bad_calls().get(kind)
         if call is None:
             return False
-        call()
+        self.run_bad(call())
         return True
 
-    def _bad_calls(self) -> dict[BadInput, Callable[[], object]]:
-        """The bad calls that apply in this state."""
-        rm, nobody = self.rm, RequestId(10**6)
+    def _bad_calls(self) -> dict[BadInput, Callable[[], str]]:
+        """The bad calls that apply in this state, as source text made when called."""
+        rm = self.rm
         ended = {s: [r for r, q in rm.requests.items() if q.status is s] for s in (Status.FINISHED, Status.ABORTED)}
-        calls: dict[BadInput, Callable[[], object]] = {
-            BadInput.UNKNOWN_REQUEST: lambda: rm.finish([nobody]),
-            BadInput.TOO_LARGE: lambda: rm.submit(nobody, [1] * rm.cache.gpu.size * self.block_size),
-            BadInput.EMPTY: lambda: rm.submit(nobody, []),
+        calls: dict[BadInput, Callable[[], str]] = {
+            BadInput.UNKNOWN_REQUEST: lambda: f"rm.finish([{NOBODY}])",
+            BadInput.TOO_LARGE: lambda: f"rm.submit({NOBODY}, [1] * {rm.cache.gpu.size * self.block_size})",
+            BadInput.EMPTY: lambda: f"rm.submit({NOBODY}, [])",
         }
         if ended[Status.FINISHED]:
-            calls[BadInput.DOUBLE_FINISH] = lambda: rm.finish([ended[Status.FINISHED][0]])
+            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish([{ended[Status.FINISHED][0]}])"
         if ended[Status.ABORTED]:
-            calls[BadInput.DOUBLE_ABORT] = lambda: rm.abort(ended[Status.ABORTED][0])
+            calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({ended[Status.ABORTED][0]})"
         if rm.requests:
-            calls[BadInput.DUPLICATE_REQUEST] = lambda: rm.submit(next(iter(rm.requests)), [1])
+            first = next(iter(rm.requests))  # submitted again with its own prompt, as a client's retry
+            calls[BadInput.DUPLICATE_REQUEST] = lambda: f"rm.submit({first}, {list(rm.requests[first].tokens)})"
         if rm.waiting:
-            calls[BadInput.PREEMPT_WAITING] = lambda: rm.preempt(rm.waiting[0])
+            calls[BadInput.PREEMPT_WAITING] = lambda: f"rm.preempt({rm.waiting[0]})"
         if rm.running:
-            calls[BadInput.DUPLICATE_BATCH] = lambda: rm.finish([rm.running[0], rm.running[0]])
+            calls[BadInput.DUPLICATE_BATCH] = lambda: f"rm.finish([{rm.running[0]}, {rm.running[0]}])"
         return calls
 
     def statuses(self) -> dict[RequestId, Status]:
