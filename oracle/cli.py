@@ -26,6 +26,7 @@ from kvoracle.oracle.report import columns
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
+from kvoracle.oracle.unchecked import unchecked
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -233,6 +234,12 @@ def run_options(args: argparse.Namespace) -> bool:
     return True
 
 
+def print_unchecked(adapter: type) -> None:
+    """Under the table: what this adapter's campaign could not check, and why."""
+    for gap in unchecked(adapter()):
+        print(f"not checked: {gap}")
+
+
 def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
     if row.result is None or row.result.violation is None:
@@ -285,6 +292,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     progress(sys.stderr, 2, 2, "done")
     sys.stderr.write("\n")
     print(engine_table(rows))
+    print_unchecked(adapter)
     for r in rows:
         if r.result.violation is None:
             continue
@@ -307,6 +315,7 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -
     progress(sys.stderr, 1, 1, "done")
     sys.stderr.write("\n")
     print(table([row]))
+    print_unchecked(adapter)
     if row.outcomes:
         print("transfers ended: " + ", ".join(f"{k} {n}" for k, n in sorted(row.outcomes.items())))
     for pid, programs in sorted(row.known.items()):

@@ -24,6 +24,7 @@ from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.mutant_docs import kill
 from kvoracle.oracle.mutants import MUTANTS, Mutant
 from kvoracle.oracle.targets import Target
+from kvoracle.oracle.unchecked import unchecked
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import CacheState, System
@@ -102,3 +103,13 @@ def test_docs_show_the_black_box_ids() -> None:
     rows = {cells[0]: cells[2] for line in doc.splitlines()
             if len(cells := [c.strip() for c in line.strip("|").split("|")]) == 3 and cells[0] in FIRST_ID}
     assert {m: set(ids.split(" (")[0].split(" or ")) for m, ids in rows.items()} == FIRST_ID
+
+
+def test_a_campaign_says_what_it_could_not_check() -> None:
+    """With the hooks off, refinement and the clauses that need the full state are named
+    as unchecked; the reference adapters, which give the abstraction, leave nothing out."""
+    assert unchecked(ReferenceCache()) == [] and unchecked(ReferenceScheduler()) == []
+    gaps = unchecked(BlackBoxCache())
+    assert gaps[0].startswith("REFINEMENT, INV-TREE") and "abstract() or state() gives None" in gaps[0]
+    assert any(g.startswith("INV-HEAP-SOUND on the tree's nodes: no `nodes`") for g in gaps)
+    assert not any(g.startswith(("INV-CONSERVE", "INV-REFCOUNT")) for g in gaps)  # the observation gives those

@@ -1,0 +1,46 @@
+"""What a campaign cannot check through an adapter: the properties, or their clauses,
+that need the abstraction the adapter does not give, or an observation field it leaves
+out. `kvoracle check` prints them under the table, so a pass says how much it covers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# observation field -> what stays unchecked without it, and the tiers it is read on
+NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("free", "INV-CONSERVE's free list and LIVE-DRAIN", ("GPU", "CPU")),
+    ("tables", "INV-NO-UAF, INV-REQUEST and LIVE-EXIT", ("GPU",)),
+    ("cached", "INV-CONSERVE's ownership by the cache", ("GPU", "CPU")),
+    ("evictable", "LIVE-EVICT and INV-PIN's evictable clause", ("GPU",)),
+    ("refcounts", "INV-REFCOUNT", ("GPU",)),
+    ("pinned", "INV-PIN", ("GPU", "CPU")),
+    ("in_flight", "INV-CONSERVE's ownership by transfers", ("GPU", "CPU")),
+    ("nodes", "INV-HEAP-SOUND on the tree's nodes", ("GPU", "CPU")),
+    ("findable", "INV-HEAP-SOUND on the eviction structure", ("GPU", "CPU")),
+)
+NO_ABSTRACTION = ("REFINEMENT, INV-TREE, INV-HEAP-COMPLETE, the in_heap flags of INV-HEAP-SOUND and the "
+                  "child <= parent clause of INV-REFCOUNT: {why}")
+
+
+def unchecked(adapter: Any) -> list[str]:
+    """One line per gap, for an adapter just built (an empty list: spec/ is checked whole,
+    on the abstraction)."""
+    gaps: list[str] = []
+    if hasattr(adapter, "events") and not hasattr(adapter, "content"):
+        gaps.append("INV-CONTENT: the adapter gives no content()")
+    abstraction = getattr(adapter, "abstract", None) or getattr(adapter, "state", None)
+    if abstraction is not None and abstraction() is not None:
+        return gaps
+    why = ("its abstract() or state() gives None" if abstraction is not None
+           else "the request-level Protocol has no abstraction (a TieredAdapter or SchedulerAdapter can give one)")
+    gaps.append(NO_ABSTRACTION.format(why=why))
+    seen = {"GPU": adapter.observe()}
+    if hasattr(adapter, "observe_cpu"):
+        seen["CPU"] = adapter.observe_cpu()
+    for field, what, tiers in NEEDS:
+        missing = [t for t in tiers if t in seen and getattr(seen[t], field) is None]
+        if missing:
+            gaps.append(f"{what}: no `{field}` in the {' and '.join(missing)} observation")
+    if not any(o.counters for o in seen.values()):
+        gaps.append("INV-COUNTERS: no kept counters")
+    return gaps
