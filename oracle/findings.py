@@ -46,7 +46,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     """The file text: a header, the engine calls of `steps` replayed on a fresh engine
     (the last one, after which the check fired, run apart), the generated check of the
     property that fired, and the adapter's own assertions."""
-    state, boundaries = replay_state(machine, steps)
+    state = replay_state(machine, steps)
     adapter = adapter_of(state)
     pid = violation.first_id
     header = [
@@ -57,8 +57,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
         "# engine has the bug.",
     ]
     preamble, *calls = adapter.script()
-    cut = getattr(state, "mark", None)
-    cut = cut if isinstance(cut, int) and 0 < cut <= len(calls) else (boundaries[-1] if boundaries else len(calls))
+    cut = min(getattr(state, "mark", len(calls)), len(calls))  # the machines note it before each call
     source, live = adapter_source(type(adapter)), expected_live(state)
     record = ", ".join(f"{k}={v!r}" for k, v in checker_record(state, adapter, violation).items())
     body = ["# the engine calls of the shrunk program", *calls[:cut]]
@@ -166,25 +165,18 @@ def adapter_source(cls: type) -> str:
     raise TypeError(f"no importable class in {cls.__name__}'s bases")
 
 
-def replay_state(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> tuple[RuleBasedStateMachine, list[int]]:
-    """A fresh machine after the steps (stopping at the violation, as the campaign did),
-    and the number of engine calls made before each step."""
+def replay_state(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> RuleBasedStateMachine:
+    """A fresh machine after the steps (stopping at the violation, as the campaign did);
+    its `mark` is the number of engine calls made before the last one."""
     holder: list[RuleBasedStateMachine] = []
-    boundaries: list[int] = []
 
     class Capturing(machine):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
             super().__init__()
             holder.append(self)
 
-    def noting(step: str) -> str:
-        return f"(_note(), {step})[1]"
-
-    def note() -> None:
-        boundaries.append(len(adapter_of(holder[0]).lines))
-
-    replay(Capturing, [noting(s) for s in steps], {"_note": note})
-    return holder[0], boundaries
+    replay(Capturing, steps)
+    return holder[0]
 
 
 # --- the generated check, run by a reproduction file -----------------------------------------------
