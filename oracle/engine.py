@@ -35,6 +35,7 @@ from kvoracle.spec import invariants
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.view import TierView, View
 
+NOBODY = 10**6  # a request or transfer id no campaign reaches (bad calls about one that never existed)
 CACHE, TRANSFER = "the cache", "a transfer"  # owners an observation can name
 
 

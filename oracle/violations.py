@@ -81,8 +81,16 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
     if not called:
         return
     made()
+    found = refusal(error, raised, snapshot() != before)
+    if found:
+        raise PropertyViolated(name, found)
+
+
+def refusal(error: type[Exception], raised: Exception | None, changed: bool) -> list[Violation]:
+    """BAD-INPUT: the bad call raised `error` (or a subclass) and `changed` nothing."""
     if not isinstance(raised, error):
         what = "accepted" if raised is None else f"raised {type(raised).__name__}"
-        raise PropertyViolated(name, [Violation("BAD-INPUT", f"expected {error.__name__}, {what}")])
-    if snapshot() != before:
-        raise PropertyViolated(name, [Violation("BAD-INPUT", f"{error.__name__} raised but the state changed")])
+        return [Violation("BAD-INPUT", f"expected {error.__name__}, {what}")]
+    if changed:
+        return [Violation("BAD-INPUT", f"{error.__name__} raised but the state changed")]
+    return []

@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from kvoracle.oracle.engine import BadInput, Observation, Scripted, descendants
+from kvoracle.oracle.engine import NOBODY, BadInput, Observation, Scripted, descendants
 from kvoracle.oracle.engines.fastdeploy import REQUESTS, construction
 from kvoracle.oracle.tiered import Blocks, Matched, Pending
 from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SwapOutTo
@@ -47,7 +47,6 @@ from kvoracle.spec.types import BlockHash, CpuBlock, GpuBlock, Ok, Outcome, Requ
 BLOCK = 2
 GPU_BLOCKS = 6
 CPU_BLOCKS = 3
-NOBODY = 10**6  # a request id no campaign reaches
 
 PREAMBLE = construction(GPU_BLOCKS, CPU_BLOCKS, BLOCK) + '''\
 import threading

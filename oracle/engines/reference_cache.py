@@ -21,14 +21,13 @@ from kvoracle.kvcache.errors import (
 )
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.transfers import SwapInJob, SwapOutJob, WriteJob
-from kvoracle.oracle.engine import BadInput, Observation, Scripted, import_as
+from kvoracle.oracle.engine import NOBODY, BadInput, Observation, Scripted, import_as
 from kvoracle.oracle.tiered import Blocks, Matched, Pending
 from kvoracle.spec.actions import EvictStep
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import BlockHash, GpuBlock, OnCpu, OnGpu, Outcome, RequestId, SwappingIn, SwappingOut, TransferId
 
-NOBODY = 10**6  # a request or transfer id no campaign reaches
 
 
 def _transfer_blocks(cache: CacheManager) -> tuple[list[int], list[int], list[int], list[int]]:

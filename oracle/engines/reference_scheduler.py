@@ -18,8 +18,8 @@ from kvoracle.kvcache.errors import (
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import default_backend
-from kvoracle.oracle.engine import BadInput, Observation, Scripted, import_as
-from kvoracle.oracle.engines.reference_cache import NOBODY, cpu_observation, gpu_observation
+from kvoracle.oracle.engine import NOBODY, BadInput, Observation, Scripted, import_as
+from kvoracle.oracle.engines.reference_cache import cpu_observation, gpu_observation
 from kvoracle.scheduler.content import content
 from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
