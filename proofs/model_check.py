@@ -18,13 +18,17 @@ On every step that ends requests: LIVE-EXIT. A violation prints a shortest trace
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import Evict, PreconditionError, SkipStale
+from kvoracle.spec.frozen import replace
 from kvoracle.spec.invariants import Violation, check
 from kvoracle.spec.next import Next, Scope, Step, describe, evicts, exiting, init
 from kvoracle.spec.scheduler import Exit
@@ -125,26 +129,38 @@ MUTATIONS: dict[str, type[Next]] = {
 # --- canonical encoding (symmetry reduction over block ids, transfer ids and time) -------------
 
 
-class _Renamer:
-    def __init__(self) -> None:
-        self.names: dict[int, int] = {}
+class _Names(dict[int, int]):
+    """Block ids -> canonical names, given in order of first appearance (`names[b]`)."""
 
-    def __call__(self, b: int) -> int:
-        return self.names.setdefault(b, len(self.names))
+    def __missing__(self, b: int) -> int:
+        self[b] = name = len(self)
+        return name
+
+
+def _encode(s: System) -> tuple[tuple[object, ...], _Names, _Names]:
+    """s's canonical form, and the names it gave GPU and CPU blocks (which `relabel` reuses:
+    one traversal serves both the key and the representative)."""
+    c = s.cache
+    gpu, cpu = _Names(), _Names()
+    g, k = gpu.__getitem__, cpu.__getitem__
+    nodes = tuple([(h, n.parent, _tier(n.tier, g, k), n.refcount) for h, n in sorted(c.nodes.items())])
+    reqs = tuple([(r, held.path, tuple(map(g, held.private))) for r, held in sorted(c.requests.items())])
+    trs = tuple([(_transfer(c.transfers[t], g, k), s.now - s.started.get(t, s.now)) for t in sorted(c.transfers)])
+    pins = (frozenset([(g(b), n) for b, n in c.gpu_pins.items()]),
+            frozenset([(k(b), n) for b, n in c.cpu_pins.items()]))
+    life = tuple([(r, q.status, q.tokens, q.computed, q.admissions) for r, q in sorted(s.requests.items())])
+    heaps = tuple(map(frozenset, (c.gpu_heap.entries, c.gpu_heap.flagged, c.cpu_heap.entries, c.cpu_heap.flagged)))
+    return (life, nodes, reqs, trs, c.stored, pins, heaps), gpu, cpu
 
 
 def canonical(s: System) -> tuple[object, ...]:
-    c = s.cache
-    g, k = _Renamer(), _Renamer()
-    nodes = tuple((h, n.parent, _tier(n.tier, g, k), n.refcount) for h, n in sorted(c.nodes.items()))
-    reqs = tuple((r, held.path, tuple(g(b) for b in held.private)) for r, held in sorted(c.requests.items()))
-    trs = tuple((_transfer(c.transfers[t], g, k), s.now - s.started.get(t, s.now)) for t in sorted(c.transfers))
-    pins = (tuple(sorted((g(b), n) for b, n in c.gpu_pins.items())),
-            tuple(sorted((k(b), n) for b, n in c.cpu_pins.items())))
-    life = tuple((r, q.status.value, q.tokens, q.computed, q.admissions) for r, q in sorted(s.requests.items()))
-    heaps = tuple(tuple(sorted(x)) for x in (c.gpu_heap.entries, c.gpu_heap.flagged, c.cpu_heap.entries,
-                                            c.cpu_heap.flagged))
-    return life, nodes, reqs, trs, tuple(sorted(c.stored)), pins, heaps
+    return _encode(s)[0]
+
+
+def _classify(s: System) -> tuple[int, tuple[_Names, _Names]]:
+    """s's key (its digest), and the names its canonical form gave its blocks."""
+    form, gpu, cpu = _encode(s)
+    return hash(form), (gpu, cpu)
 
 
 def digest(s: System) -> int:
@@ -154,7 +170,7 @@ def digest(s: System) -> int:
     return hash(canonical(s))
 
 
-def _tier(t: TierState, g: _Renamer, c: _Renamer) -> tuple[str, int, int]:
+def _tier(t: TierState, g: Callable[[int], int], c: Callable[[int], int]) -> tuple[str, int, int]:
     if isinstance(t, OnGpu):
         return ("g", g(t.gpu), -1)
     if isinstance(t, OnCpu):
@@ -164,40 +180,33 @@ def _tier(t: TierState, g: _Renamer, c: _Renamer) -> tuple[str, int, int]:
     return ("i", g(t.gpu), c(t.cpu))
 
 
-def _transfer(t: Transfer, g: _Renamer, c: _Renamer) -> tuple[object, ...]:
+def _transfer(t: Transfer, g: Callable[[int], int], c: Callable[[int], int]) -> tuple[object, ...]:
     if isinstance(t, SwapOut):
         return ("o", tuple((h, g(a), c(b)) for h, a, b in t.items))
     if isinstance(t, SwapIn):
         return ("i", t.request, tuple((h, c(a), g(b)) for h, a, b in t.items))
     if isinstance(t, StorageWrite):
-        return ("w", tuple((h, g(a)) for h, a in t.items), tuple(g(a) for a in t.adopted))
+        return ("w", tuple((h, g(a)) for h, a in t.items), tuple(map(g, t.adopted)))
     return ("p", t.request, tuple((h, g(a)) for h, a in t.items))
 
 
-def relabel(s: System) -> System:
-    """The representative of s's class: blocks renamed as `canonical` names them,
-    transfers renumbered densely, the clock at 0. Exploring representatives keeps the
-    state space finite."""
+def relabel(s: System, names: tuple[_Names, _Names] | None = None) -> System:
+    """The representative of s's class: blocks renamed as `canonical` names them (`names`:
+    those `_encode` gave s, when the caller has them), free blocks after them, transfers
+    renumbered densely, the clock at 0. Exploring representatives keeps the state space
+    finite."""
     c = s.cache
-    g, k = _Renamer(), _Renamer()
-    for _, n in sorted(c.nodes.items()):
-        _tier(n.tier, g, k)
-    for _, held in sorted(c.requests.items()):
-        for private in held.private:
-            g(private)
-    for t in sorted(c.transfers):
-        _transfer(c.transfers[t], g, k)
-    for free in range(c.gpu_size):
-        g(free)
-    for free in range(c.cpu_size):
-        k(free)
+    gpu, cpu = names if names is not None else _encode(s)[1:]
+    for names_of_tier, size in ((gpu, c.gpu_size), (cpu, c.cpu_size)):
+        for free in range(size):
+            names_of_tier.setdefault(free, len(names_of_tier))  # blocks nothing holds come last
     tids = {t: TransferId(i) for i, t in enumerate(sorted(c.transfers))}
 
     def gb(b: GpuBlock) -> GpuBlock:
-        return GpuBlock(g.names[b])
+        return GpuBlock(gpu[b])
 
     def cb(b: CpuBlock) -> CpuBlock:
-        return CpuBlock(k.names[b])
+        return CpuBlock(cpu[b])
 
     cache = replace(
         c,
@@ -237,10 +246,11 @@ def _retransfer(t: Transfer, gb: Callable[[GpuBlock], GpuBlock], cb: Callable[[C
 # --- the properties of a state and of a step -----------------------------------------------------
 
 
-def state_violations(model: Next, s: System, v: View) -> list[Violation]:
+def state_violations(enabled: Sequence[Step], s: System, v: View) -> list[Violation]:
+    """The properties of state s, whose view is v and whose enabled steps are `enabled`."""
     found = check(v) + liveness.live_transfer(s.started, s.now, s.timeout)
     if evictable_nodes(s.cache)[0]:
-        progress = next((step for step in model.enabled(s) if evicts(step)), ())
+        progress = next((step for step in enabled if evicts(step)), ())
         steps = [x for e in progress if isinstance(e, Evict) for x in e.steps]
         found += liveness.live_evict(s.cache, 0, 1, steps)
     return found
@@ -264,6 +274,7 @@ class Report:
     violation: list[Violation]
     trace: list[str]
     complete: bool  # False when max_states cut the search short
+    stored_bytes: int = 0  # what the visited set and the drain memo hold at the end (_stored_bytes)
 
     @property
     def passed(self) -> bool:
@@ -273,68 +284,92 @@ class Report:
     def rate(self) -> float:
         return self.states / self.seconds if self.seconds else 0.0
 
+    @property
+    def bytes_per_state(self) -> float:
+        return self.stored_bytes / self.states if self.states else 0.0
+
 
 def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             progress: Callable[[int, int], None] | None = None) -> Report:
     """Breadth-first search of every reachable state of the scope; stops at the first
     violation (whose trace is then a shortest one)."""
+    with _no_cycle_collection():
+        return _search(scope, mutation, max_states, progress)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """States are frozen dataclasses, tuples and dicts: the search builds no reference
+    cycles, and the cycle collector would only rescan its ever larger frontier."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[int, int], None] | None) -> Report:
     model = MUTATIONS[mutation](scope) if mutation else Next(scope)
     start = time.perf_counter()
     first = relabel(init(scope))
-    parents: dict[int, tuple[int | None, str]] = {digest(first): (None, "init")}
-    queue: deque[System] = deque([first])
+    root = digest(first)
+    parents: dict[int, int | None] = {root: None}  # each visited state's key -> its parent's
+    queue: deque[tuple[int, System]] = deque([(root, first)])  # each state with its key
     drains: dict[int, int] = {}
     bound = liveness.drain_bound(scope.gpu_blocks, scope.cpu_blocks, scope.requests)
     transitions = longest = 0
 
-    def report(key: int | None, found: list[Violation], complete: bool = True) -> Report:
-        trace = _trace(parents, key) if key is not None else []
+    def report(found: list[Violation], trace: list[str], complete: bool = True) -> Report:
         return Report(scope, mutation, len(parents), transitions, time.perf_counter() - start, longest, found,
-                      trace, complete)
+                      trace, complete, _stored_bytes(parents, drains))
 
     while queue:
-        s = queue.popleft()
-        key = digest(s)
+        key, s = queue.popleft()
         view = of_system(s)
-        found = state_violations(model, s, view)
+        enabled = list(model.enabled(s))
+        found = state_violations(enabled, s, view)
         if found:
-            return report(key, found)
-        drained = _drain(s, drains, bound)
+            return report(found, _trace(model, parents, key))
+        drained = _drain(s, key, drains, bound)
         if drained < 0:
-            return report(key, liveness.live_drain(s, bound))
+            return report(liveness.live_drain(s, bound), _trace(model, parents, key))
         longest = max(longest, drained)
-        for step, nxt in _successors(model, s):
+        for step, nxt in _successors(model, s, enabled):
             transitions += 1
-            k = digest(nxt)
+            k, names = _classify(nxt)
             exit_found = step_violations(step, view, of_system(nxt)) if exiting(step) else []
             if exit_found:
-                parents.setdefault(k, (key, _describe(step)))
-                return report(k, exit_found)
+                known = k in parents
+                parents.setdefault(k, key)
+                trace = _trace(model, parents, k if known else key) + ([] if known else [_describe(step)])
+                return report(exit_found, trace)
             if k not in parents:
-                parents[k] = (key, _describe(step))
-                queue.append(relabel(nxt))
+                parents[k] = key
+                queue.append((k, relabel(nxt, names)))
         if progress is not None and len(parents) % 5000 < 40:
             progress(len(parents), len(queue))
         if len(parents) > max_states:
-            return report(None, [], complete=False)
-    return report(None, [])
+            return report([], [], complete=False)
+    return report([], [])
 
 
-def _successors(model: Next, s: System) -> Iterator[tuple[Step, System]]:
-    for step in model.enabled(s):
+def _successors(model: Next, s: System, enabled: Iterable[Step]) -> Iterator[tuple[Step, System]]:
+    for step in enabled:
         try:
             yield step, model.apply(s, step)
         except PreconditionError as e:  # Next offered a step its own actions refuse: a bug in spec/
             raise AssertionError(f"spec/next.py offered {describe(step)}, which is not enabled: {e}") from e
 
 
-def _drain(s: System, memo: dict[int, int], bound: int) -> int:
-    """Steps spec's drain takes from s to all-free, or -1 if it gets stuck or exceeds `bound`."""
+def _drain(s: System, key: int, memo: dict[int, int], bound: int) -> int:
+    """Steps spec's drain takes from s (whose digest is `key`) to all-free, or -1 if it
+    gets stuck or exceeds `bound`."""
     path: list[int] = []
     cur: System | None = s
     result = -1
     while cur is not None:
-        key = digest(cur)
         if key in memo:
             result = memo[key] if memo[key] < 0 else memo[key] + len(path)
             break
@@ -345,18 +380,34 @@ def _drain(s: System, memo: dict[int, int], bound: int) -> int:
         if nxt is None:
             result = len(path) - 1 if not liveness.drained(of_system(cur), len(cur.cache.transfers)) else -1
             break
-        cur = nxt
+        cur, key = nxt, digest(nxt)
     for i, k in enumerate(path):
         memo[k] = result - i if result >= 0 else -1
     return result
 
 
-def _trace(parents: dict[int, tuple[int | None, str]], key: int) -> list[str]:
-    out: list[str] = []
+def _trace(model: Next, parents: dict[int, int | None], key: int) -> list[str]:
+    """The steps of a shortest path from Init to the state `key`. The search keeps only
+    parent links; replaying Next along them recovers the step that first reached each
+    state (the first, in Next's order, from its parent's representative)."""
+    path: list[int] = []
     cur: int | None = key
     while cur is not None:
-        prev, label = parents[cur]
-        if prev is not None:
-            out.append(label)
-        cur = prev
-    return out[::-1]
+        path.append(cur)
+        cur = parents[cur]
+    s, out = relabel(init(model.scope)), []
+    for k in reversed(path[:-1]):
+        for step, nxt in _successors(model, s, model.enabled(s)):
+            found, names = _classify(nxt)
+            if found == k:
+                break
+        out.append(_describe(step))
+        s = relabel(nxt, names)
+    return out
+
+
+def _stored_bytes(parents: dict[int, int | None], drains: dict[int, int]) -> int:
+    """The bytes of the two tables the search keeps for every state it visits: the dicts,
+    and the key ints, once each (a drain key is often a visited state's, the same int)."""
+    ints = {id(k): k for table in (parents, drains) for k in table}
+    return sys.getsizeof(parents) + sys.getsizeof(drains) + sum(map(sys.getsizeof, ints.values()))

@@ -56,7 +56,8 @@ class Row:
 
 def model_rows(scope: Scope, max_states: int, progress: Callable[[int, int], None] | None = None) -> list[Row]:
     r = explore(scope, max_states=max_states, progress=progress)
-    explored = f"{r.states:,} states, {r.transitions:,} transitions, drain <= {r.longest_drain}"
+    explored = (f"{r.states:,} states, {r.transitions:,} transitions, drain <= {r.longest_drain}, "
+                f"{r.bytes_per_state:.0f} B/state")
     if r.passed:
         return [Row(i, "model check", scope.describe(), explored, r.seconds, "holds", True) for i in MODEL_IDS]
     why = "state limit reached" if not r.complete else f"{r.violation[0]} after: {' ; '.join(r.trace)}"

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, ParamSpec, Sequence, TypeVar
 
+from kvoracle.spec.frozen import replace
 from kvoracle.spec.state import (
     CacheState,
     Heap,
@@ -127,9 +128,11 @@ def settle(s: CacheState) -> CacheState:
 
 
 def _settled(heap: Heap, s: CacheState, evictable: Sequence[BlockHash]) -> Heap:
-    offered = frozenset(h for h in evictable if h not in heap.flagged)
+    offered = frozenset(evictable) - heap.flagged
     live = s.nodes.keys()
-    return Heap((heap.entries & live) | offered, (heap.flagged & live) | offered)
+    if not offered and heap.entries <= live and heap.flagged <= live:
+        return heap  # no node left the tree, none became evictable unflagged: the heap stands
+    return Heap(heap.entries.intersection(live) | offered, heap.flagged.intersection(live) | offered)
 
 
 def _settles(action: Callable[P, CacheState]) -> Callable[P, CacheState]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvoracle.spec import actions
 from kvoracle.spec.actions import Complete, Evict, PreconditionError, Reset
+from kvoracle.spec.frozen import replace
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.state import EXITED, QUEUED, CacheState, Request, Status, System, blocks_for
 from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
@@ -41,6 +42,8 @@ def hashes(s: System, r: RequestId) -> tuple[BlockHash, ...]:
 def _with_cache(s: System, cache: CacheState) -> System:
     """s with a new cache state: transfers that ended leave the clock's record, new
     ones start now."""
+    if cache.transfers.keys() == s.started.keys():
+        return replace(s, cache=cache)  # no transfer started or ended
     started = {t: at for t, at in s.started.items() if t in cache.transfers}
     for t in cache.transfers:
         if t >= s.cache.next_transfer:

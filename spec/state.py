@@ -187,18 +187,14 @@ def cpu_evictable(s: CacheState, h: BlockHash) -> bool:
 
 
 def evictable_nodes(s: CacheState) -> tuple[list[BlockHash], list[BlockHash]]:
-    """The nodes gpu_evictable and cpu_evictable hold for, in one pass over the tree."""
-    gpu_children: dict[BlockHash, int] = {}
-    parents: set[BlockHash] = set()
-    for n in s.nodes.values():
-        if n.parent is not None:
-            parents.add(n.parent)
-            if gpu_side(n.tier):
-                gpu_children[n.parent] = gpu_children.get(n.parent, 0) + 1
+    """The nodes gpu_evictable and cpu_evictable hold for, from one look at each node's parent (not a
+    search for children per node)."""
+    parents = {n.parent for n in s.nodes.values()}
+    gpu_parents = {n.parent for n in s.nodes.values() if gpu_side(n.tier)}  # of a child on the GPU side
     gpu, cpu = [], []
     for h, n in s.nodes.items():
         t = n.tier
-        if isinstance(t, OnGpu) and n.refcount == 0 and not s.gpu_pins.get(t.gpu) and not gpu_children.get(h):
+        if isinstance(t, OnGpu) and n.refcount == 0 and not s.gpu_pins.get(t.gpu) and h not in gpu_parents:
             gpu.append(h)
         elif isinstance(t, OnCpu) and not s.cpu_pins.get(t.cpu) and h not in parents:
             cpu.append(h)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvoracle.spec.actions import table
+from kvoracle.spec.frozen import replace
 from kvoracle.spec.state import (
     EXITED,
     QUEUED,
@@ -159,7 +160,7 @@ def of_system(s: System) -> View:
     live = frozenset(request_name(r) for r, q in s.requests.items() if q.status not in EXITED)
     queued = frozenset(request_name(r) for r, q in s.requests.items() if q.status in QUEUED)
     computed = {request_name(r): q.computed for r, q in s.requests.items() if q.status is Status.RUNNING}
-    return View(v.gpu, v.cpu, v.tables, v.private, live, queued, computed, s.block_size, s.cache)
+    return replace(v, live=live, queued=queued, computed=computed, block_size=s.block_size)
 
 
 def true_counters(s: CacheState) -> dict[str, int]:

@@ -442,3 +442,22 @@ def test_check_runs_counter_checks_only_when_counters_are_reported() -> None:
     broken = replace(s, gpu_free=(*s.gpu_free, G(0)), gpu_heap=Heap())
     assert ids(check(broken)) == {"INV-CONSERVE", "INV-HEAP-COMPLETE"}
     assert ids(invariants.check(counted(broken, "gpu_free"))) == {"INV-CONSERVE", "INV-HEAP-COMPLETE", "INV-COUNTERS"}
+
+
+def test_spec_replace_is_dataclasses_replace() -> None:
+    """spec.frozen.replace copies fields without calling __init__: equivalent only while
+    spec's dataclasses have no __post_init__, no init=False fields and no __slots__."""
+    import dataclasses
+    import inspect
+
+    from kvoracle.spec import actions, liveness, scheduler, state, types, view
+    from kvoracle.spec.frozen import replace
+
+    classes = {c for m in (actions, liveness, scheduler, state, types, view)
+               for _, c in inspect.getmembers(m, inspect.isclass) if dataclasses.is_dataclass(c)}
+    assert classes, "no dataclass found"
+    for c in classes:
+        assert not hasattr(c, "__post_init__") and not hasattr(c, "__slots__"), c
+        assert all(f.init for f in dataclasses.fields(c)), c
+    s = state.initial_system(4, 1, 2, 3)
+    assert replace(s, now=5) == dataclasses.replace(s, now=5) and replace(s, now=5) is not s
