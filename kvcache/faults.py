@@ -2,12 +2,11 @@
 how the transfer goes wrong and which answers (if any) its caller will hear, and when.
 
 Faults are decided by a plan object, never by monkeypatching, so a failing run replays from
-its seed (SeededFaults) or from the list of faults it printed (ScriptedFaults).
+the list of faults it printed (ScriptedFaults).
 """
 
 from __future__ import annotations
 
-import random
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +52,6 @@ class Fault:
 
 
 OK_FAULT = Fault(FaultKind.OK)
-FAULT_KINDS: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k is not FaultKind.OK)
 
 
 class FaultPlan(Protocol):
@@ -66,40 +64,6 @@ class FaultPlan(Protocol):
 class NoFaults:
     def next_fault(self, op: str, items: int) -> Fault:
         return OK_FAULT
-
-
-class SeededFaults:
-    """Faults drawn from a private RNG: the same seed and call sequence give the same faults."""
-
-    def __init__(
-        self,
-        seed: int,
-        rate: float,
-        kinds: Sequence[FaultKind] = FAULT_KINDS,
-        max_delay: int = 4,
-    ) -> None:
-        if not 0.0 <= rate <= 1.0:  # written this way so NaN is refused too
-            raise ValueError(f"fault rate must be in [0, 1], got {rate}")
-        if rate > 0 and not kinds:
-            raise ValueError("fault kinds must not be empty when the rate is above 0")
-        if max_delay < 1:
-            raise ValueError(f"max_delay must be >= 1, got {max_delay}")
-        self.seed = seed
-        self.rate = rate
-        self.kinds = tuple(kinds)
-        self.max_delay = max_delay
-        self._rng = random.Random(seed)  # private: other users of `random` cannot shift the sequence
-
-    def next_fault(self, op: str, items: int) -> Fault:
-        if self._rng.random() >= self.rate:
-            return OK_FAULT
-        kind = self._rng.choice(self.kinds)
-        if kind is FaultKind.PARTIAL:
-            # A batch of 0 items cannot be partly done.
-            return Fault(kind, done=self._rng.randrange(items)) if items > 0 else OK_FAULT
-        if kind in (FaultKind.LATE, FaultKind.TWICE):
-            return Fault(kind, delay=self._rng.randint(1, self.max_delay))
-        return Fault(kind)
 
 
 class ScriptedFaults:
@@ -161,7 +125,7 @@ def deliver(fault: Fault, outcome: Outcome) -> Reply:
 
 
 class FaultyStorage:
-    """A backend behind a fault plan. Only write and read are faulted; exists and clear are
+    """A backend behind a fault plan. Only write and read are faulted; exists is
     bookkeeping that the engine's transfer protocol does not go through."""
 
     def __init__(self, backend: StorageBackend, plan: FaultPlan) -> None:
@@ -203,9 +167,6 @@ class FaultyStorage:
 
     def exists(self, hashes: Sequence[BlockHash]) -> int:
         return self.backend.exists(hashes)
-
-    def clear(self) -> None:
-        self.backend.clear()
 
 
 class SwapError(Exception):

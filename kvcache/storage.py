@@ -43,8 +43,6 @@ class StorageBackend(Protocol):
         """Length of the longest leading run of `hashes` that is present."""
         ...
 
-    def clear(self) -> None: ...
-
 
 class MemoryStorage:
     def __init__(self) -> None:
@@ -66,9 +64,6 @@ class MemoryStorage:
 
     def exists(self, hashes: Sequence[BlockHash]) -> int:
         return len(self.read(hashes))
-
-    def clear(self) -> None:
-        self._blocks.clear()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -173,13 +168,6 @@ class DirectoryStorage:
 
     def _block_files(self) -> list[Path]:
         return [p for p in self.root.iterdir() if _NAME.fullmatch(p.name)]
-
-    def clear(self) -> None:
-        try:
-            for p in self._block_files():
-                p.unlink(missing_ok=True)
-        except OSError as e:
-            raise StorageError(f"clear of {self.root} failed: {e}") from e
 
     def __len__(self) -> int:
         """The number of valid blocks (reads every file, so that it agrees with `in`)."""

@@ -170,13 +170,16 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
 
 
 class _WriteBeforeRelease(ResourceManager):
-    """Writes synchronously before releasing, without catching: a raise skips the free."""
+    """Writes synchronously before releasing, without catching: a raise skips the free.
+    Only once the request's blocks are filled (ready), so that the bytes it writes are
+    right and the only bug is the skipped free."""
 
     synchronous_on: tuple[Status, ...] = ()
 
     def _exit(self, r: RequestId, to: Status) -> None:
         req = self.requests[r]
-        if to in self.synchronous_on and req.status is Status.RUNNING and self.write_policy.writes_on(to):
+        if (to in self.synchronous_on and req.status is Status.RUNNING and self.write_policy.writes_on(to)
+                and self.cache.ready(r)):
             writes = list(zip(self.hashes(r)[: req.blocks], self.cache.table(r)))
             self.storage.write(self._payloads(writes))  # raises: nothing below runs
             self._release(r, to, ())

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
+from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
@@ -270,6 +271,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         if sys.exc_info()[0] is not None:
             return
         drain(self)
+
+
+class DiskMachine(SchedulerMachine):
+    """The scheduler machine for an engine whose storage tier is on files (an adapter
+    that offers `damage_storage`): between calls the disk damages it, and the engine
+    must read around what it lost. A machine of its own, so that the other machines'
+    draws do not move."""
+
+    @rule(how=st.sampled_from(DAMAGE), i=st.integers(0, 7))
+    def damage(self, how: str, i: int) -> None:
+        self._call("damage", lambda: getattr(self.engine, "damage_storage")(how, i))
+
+
+def machine_for(adapter: type) -> type[SchedulerMachine]:
+    """The scheduler-level machine an adapter class calls for."""
+    return DiskMachine if hasattr(adapter, "damage_storage") else SchedulerMachine
 
 
 def drain(m: SchedulerMachine) -> None:

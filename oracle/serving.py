@@ -41,6 +41,9 @@ class SchedulerAdapter(Protocol):
     # prompts: tuple[tuple[int, ...], ...]
     # Optional too: `outcomes() -> Mapping[str, int]`, how the engine's transfers ended so
     # far ("ok", "error", "partial", "timeout"), for an engine that reports no events.
+    # Optional: `damage_storage(how: str, i: int) -> None`, for an engine whose storage
+    # tier is on files: damage it as oracle.disk.damage says (`how` one of DAMAGE); the
+    # machine then makes these calls between the others.
     # The bad calls it can make, each with the exception the engine must refuse it with.
     refusals: Mapping[BadInput, type[Exception]]
 

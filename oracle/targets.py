@@ -8,9 +8,9 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine, Tally
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
-from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler, ReferenceSchedulerOnDisk
 from kvoracle.oracle.mutants import MUTANTS, Mutant
-from kvoracle.oracle.scheduler_machine import SchedulerMachine
+from kvoracle.oracle.scheduler_machine import machine_for
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,15 @@ class Target:
             parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
             attrs["make_adapter"] = type(f"{scheduler_base.__name__}_{tag}", (scheduler_base,), parts)
             attrs["bookkeeping"] = m is None or m.bookkeeping
-        base = CacheMachine if self.level == "cache" else SchedulerMachine
+        base = CacheMachine if self.level == "cache" else machine_for(self.adapter or scheduler_base)
         return type(f"{self.level.title()}Machine_{tag}", (base,), attrs)
 
 
 def all_targets() -> list[Target]:
-    """The reference at each level first, then every mutant at its level."""
-    out = [Target("reference", "cache", None), Target("reference", "scheduler", None)]
+    """The reference at each level first (the scheduler's also over a storage tier on
+    disk), then every mutant at its level."""
+    out = [Target("reference", "cache", None), Target("reference", "scheduler", None),
+           Target("reference-disk", "scheduler", None, ReferenceSchedulerOnDisk)]
     out += [Target(m.name, m.level, m) for m in MUTANTS]
     return out
 

@@ -24,7 +24,6 @@ from kvoracle.kvcache.faults import (
     NoFaults,
     Reply,
     ScriptedFaults,
-    SeededFaults,
     SwapError,
 )
 from kvoracle.kvcache.manager import CacheManager
@@ -282,39 +281,6 @@ def test_fault_refuses_a_negative_done_or_delay() -> None:
         Fault(FaultKind.PARTIAL, done=-1, delay=0)
     with pytest.raises(ValueError):
         Fault(FaultKind.LATE, done=0, delay=-1)
-
-
-def test_seeded_faults_at_rate_zero_need_no_kinds() -> None:
-    """A plan that never faults may name no fault kinds, and then never faults."""
-    plan = SeededFaults(3, 0.0, kinds=())
-    assert {plan.next_fault("write", 2).kind for _ in range(50)} == {FaultKind.OK}
-
-
-@pytest.mark.parametrize("rate", [0.5, 1.0])
-def test_seeded_faults_with_a_positive_rate_need_kinds(rate: float) -> None:
-    """A plan that may fault must name at least one fault kind."""
-    with pytest.raises(ValueError, match="kinds"):
-        SeededFaults(3, rate, kinds=())
-
-
-def test_seeded_faults_max_delay_bounds() -> None:
-    """max_delay 1 is valid and gives delay 1; max_delay 0 is refused."""
-    plan = SeededFaults(5, 1.0, kinds=[FaultKind.LATE, FaultKind.TWICE], max_delay=1)
-    assert {plan.next_fault("read", 2).delay for _ in range(50)} == {1}
-    with pytest.raises(ValueError, match="max_delay"):
-        SeededFaults(5, 1.0, max_delay=0)
-
-
-def test_seeded_faults_keep_their_seed() -> None:
-    """A seeded plan records the seed that replays it."""
-    assert SeededFaults(7, 0.3).seed == 7
-
-
-def test_seeded_partial_faults_do_part_of_the_batch() -> None:
-    """A seeded partial fault does 0 to items-1 leading items, and not always 0."""
-    plan = SeededFaults(11, 1.0, kinds=[FaultKind.PARTIAL])
-    done = [plan.next_fault("write", 4).done for _ in range(50)]
-    assert all(0 <= d < 4 for d in done) and any(d > 0 for d in done)
 
 
 def test_faulty_storage_tells_the_plan_each_op_and_batch_size() -> None:

@@ -54,13 +54,17 @@ class ReferenceScheduler(Scripted):
         BadInput.DUPLICATE_BATCH: DuplicateRequest,
     }
 
+    # the backend behind the faults, as source text, and what that text needs imported
+    storage = "MemoryStorage()"
+    storage_imports = "from kvoracle.kvcache.storage import MemoryStorage"
+
     def __init__(self) -> None:
         backend = self.kv_backend or default_backend()
         pool = f"make_pool({backend!r}, 'cpu', {{}}, {self.block_size}, 1, 8)"
         self.preamble = "\n".join([
             "from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults",
             "from kvoracle.kvcache.pool import make_pool",
-            "from kvoracle.kvcache.storage import MemoryStorage",
+            self.storage_imports,
             "from kvoracle.scheduler.content import KVPools",
             "from kvoracle.scheduler.request import WritePolicy",
             import_as(self.scheduler_class, "Scheduler"),
@@ -68,7 +72,8 @@ class ReferenceScheduler(Scripted):
             "",
             "plan = ScriptedFaults()  # the faults each call's storage and swap I/O suffer",
             f"pools = KVPools({pool.format(self.gpu_blocks)}, {pool.format(self.cpu_blocks)})",
-            f"rm = Scheduler(Cache({self.gpu_blocks}, {self.cpu_blocks}), FaultyStorage(MemoryStorage(), plan),",
+            f"store = {self.storage}",
+            f"rm = Scheduler(Cache({self.gpu_blocks}, {self.cpu_blocks}), FaultyStorage(store, plan),",
             f"               FaultyCopier(plan), block_size={self.block_size}, write_policy=WritePolicy.{self.write_policy.name},",
             f"               timeout={self.timeout}, pools=pools)",
         ])
@@ -188,3 +193,17 @@ class ReferenceScheduler(Scripted):
         assert rm.pools is not None
         ready = [r for r in rm.running if rm.cache.ready(r)]
         return content(rm.cache, rm.pools, {r: (list(rm.cache.table(r)), rm.seeds(r)) for r in ready})
+
+
+class ReferenceSchedulerOnDisk(ReferenceScheduler):
+    """The reference writing through to block files in a directory of its own, which
+    the disk damages between calls (oracle.disk): the machine makes `damage_storage`
+    calls because this adapter offers them."""
+
+    name = "reference-disk"
+    storage = "DirectoryStorage(fresh_directory())"
+    storage_imports = ("from kvoracle.kvcache.storage import DirectoryStorage\n"
+                       "from kvoracle.oracle.disk import damage, fresh_directory")
+
+    def damage_storage(self, how: str, i: int) -> None:
+        self.run(f"damage(store.root, {how!r}, {i})")

@@ -1,0 +1,124 @@
+"""Every speed figure of kvoracle in one table: the model checker (distinct states per
+second, bytes per stored state), each stateful machine with all checks on (steps per
+second), the reference's bookkeeping per request next to each installed engine's, and
+the speed-up of a campaign on two worker processes. A benchmark, not a test: no
+asserts, and each figure is measured here and now, side by side in one run.
+
+    python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N]
+
+`make bench` runs it (about 6 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
+ten on 2 cores); a scope cut short by --max-states says so in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
+from kvoracle.oracle.cli import main as kvoracle  # noqa: E402
+from kvoracle.oracle.cli import run_target  # noqa: E402
+from kvoracle.oracle.engine_campaign import run_engine  # noqa: E402
+from kvoracle.oracle.engines import adapter_class  # noqa: E402
+from kvoracle.oracle.report import columns  # noqa: E402
+from kvoracle.oracle.targets import all_targets  # noqa: E402
+from kvoracle.proofs.model_check import explore  # noqa: E402
+from kvoracle.proofs.obligations import CI_SCOPE, DEEP_SCOPE  # noqa: E402
+from kvoracle.spec.next import Scope  # noqa: E402
+
+# Issue 17's re-admission scope: storage on, three requests, each admitted up to twice.
+READMISSION_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2,
+                          admissions=2)
+SCOPES = {"ci": CI_SCOPE, "readmission": READMISSION_SCOPE, "deep": DEEP_SCOPE}
+Row = tuple[str, str, str]  # what, figure, how it was measured
+
+
+def model_check(names: Sequence[str], max_states: int) -> list[Row]:
+    rows = []
+    for name in names:
+        r = explore(SCOPES[name], max_states=max_states)
+        done = "" if r.complete else f", cut at {max_states:,} states"
+        rows.append((f"model check, {name} scope", f"{r.rate:,.0f} states/s",
+                     f"{r.states:,} states, {r.transitions:,} transitions in {r.seconds:.1f} s, "
+                     f"{r.bytes_per_state:,.0f} bytes/state{done}"))
+    return rows
+
+
+def machines(examples: int) -> list[Row]:
+    rows = []
+    for target in (t for t in all_targets() if t.mutant is None):
+        row = run_target(target, [0], examples, 100)
+        rows.append((f"{target.level} machine ({target.name})", f"{row.steps / row.seconds:,.0f} steps/s",
+                     f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
+    adapter = adapter_class("reference")
+    for bad in (False, True):
+        e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
+        label = "engine machine (reference adapter" + (", bad input)" if bad else ")")
+        rows.append((label, f"{e.tally.steps / e.seconds:,.0f} steps/s",
+                     f"{e.tally.steps:,} steps in {e.seconds:.1f} s, seed 0, {e.verdict}"))
+    return rows
+
+
+def bookkeeping(requests: int) -> list[Row]:
+    a = argparse.Namespace(requests=requests, live=32, blocks=1024, seed=0)
+    results = {name: engine_speed.run_engine(name, a) for name in engine_speed.DRIVERS}
+    base = results["reference"]
+    rows = []
+    for name, r in results.items():
+        if isinstance(r, str):
+            rows.append((f"bookkeeping, {name}", "-", r))
+            continue
+        total = sum(r[k] for k in engine_speed.PHASES)
+        ratio = total / sum(base[k] for k in engine_speed.PHASES) if isinstance(base, dict) else float("nan")
+        rows.append((f"bookkeeping, {name}", f"{total:,.0f} µs/request",
+                     f"{ratio:.2f}x the reference; match {r['match']:.0f}, allocate {r['allocate']:.0f}, "
+                     f"free {r['free']:.0f} µs; {requests:,} requests, 1,024 blocks of 16 tokens"))
+    return rows
+
+
+def workers(examples: int) -> list[Row]:
+    """The cache level's campaign (reference and mutants) on 1, then 2 processes."""
+    seconds = {}
+    for n in (1, 2):
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            kvoracle(["check", "--level", "cache", "--seeds", "1", "--examples", str(examples), "--no-coverage",
+                      "--workers", str(n)])
+        seconds[n] = time.perf_counter() - start
+    return [("kvoracle check --workers 2", f"{seconds[1] / seconds[2]:.2f}x",
+             f"cache level, 1 seed of {examples}: {seconds[1]:.1f} s on 1 process, {seconds[2]:.1f} s on 2")]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller runs (a minute): the CI scope only")
+    p.add_argument("--scopes", nargs="+", choices=list(SCOPES), default=["ci"],
+                   help="model-check scopes to explore (default: ci)")
+    p.add_argument("--max-states", type=int, default=2_000_000, help="cut a scope's search after N states")
+    a = p.parse_args(argv)
+    random.seed(0)
+    examples = 40 if a.quick else 300
+    parts: list[tuple[str, Callable[[], list[Row]]]] = [
+        ("model checker", lambda: model_check(a.scopes, a.max_states)),
+        ("machines", lambda: machines(examples)),
+        ("bookkeeping", lambda: bookkeeping(500 if a.quick else 2000)),
+        ("workers", lambda: workers(examples)),
+    ]
+    rows: list[Row] = []
+    for part, run in parts:
+        print(f"measuring: {part} ...", file=sys.stderr, flush=True)
+        rows += run()
+    print(columns(("measure", "figure", "how"), rows))
+
+
+if __name__ == "__main__":
+    main()
