@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,paddle]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,paddle,ray]'
 	touch $(STAMP)
 
 run: $(STAMP)

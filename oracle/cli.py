@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 import json
 from functools import partial
 import os
@@ -27,6 +25,7 @@ from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.unchecked import unchecked
+from kvoracle.oracle.workers import ClusterUnavailable, in_order
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -123,7 +122,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed, args.seed + args.seeds))
     tracker = coverage_tracker(args)
     jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None) for t in targets]
-    rows = run_jobs(jobs, args.workers, tracker)
+    rows = run_jobs(jobs, args.workers, tracker, args.ray)
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
     print(table(rows))
@@ -163,23 +162,22 @@ def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
     return row, tracker.arcs()
 
 
-def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None) -> list[Row]:
-    """Every job, in order, on `workers` processes (1: this one). Each target runs the
-    same seeds wherever it runs, so its verdict and counterexample do not depend on the
-    number of workers."""
+def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: str | None = None) -> list[Row]:
+    """Every job, in order, on `workers` processes (1: this one) or on the Ray cluster at
+    `ray`. Each target runs the same seeds wherever it runs, so its verdict and
+    counterexample do not depend on where."""
     rows: list[Row] = []
-    if workers <= 1:
+    if workers <= 1 and ray is None:
         for i, job in enumerate(jobs):
             progress(sys.stderr, i, len(jobs), f"{job.target.name} ({job.target.level})")
             rows.append(tracker.measured(partial(run_target, job.target, job.seeds, job.examples, job.steps))
                         if tracker is not None and job.measured else run_job(replace(job, measured=False))[0])
         return rows
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        for i, (row, arcs) in enumerate(pool.map(run_job, jobs)):
-            progress(sys.stderr, i + 1, len(jobs), f"{row.target.name} ({row.target.level})")
-            rows.append(row)
-            if tracker is not None:
-                tracker.merge(arcs)
+    for i, (row, arcs) in enumerate(in_order(run_job, jobs, workers, ray)):
+        progress(sys.stderr, i + 1, len(jobs), f"{row.target.name} ({row.target.level})")
+        rows.append(row)
+        if tracker is not None:
+            tracker.merge(arcs)
     return rows
 
 
@@ -269,6 +267,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     refused = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
                                      ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
                                      ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),
+                                     ("--workers", args.workers > 1), ("--ray", args.ray),
                                      ("--repro-dir", args.repro_dir and not issubclass(adapter, Scripted))) if on]
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not with a {level} adapter", file=sys.stderr)
@@ -392,7 +391,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
     rows = run_all("deep" if args.deep else args.scope, crosshair=not args.no_crosshair, examples=args.examples,
-                   workers=args.workers,
+                   workers=args.workers, ray=args.ray,
                    progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     head = ("property", "method", "scope", "explored", "time", "verdict")
     body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
@@ -442,6 +441,9 @@ def parser() -> argparse.ArgumentParser:
                         "only known violations is counted as known and the campaign goes on (repeatable)")
     c.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run the targets on N processes (default 1); verdicts and counterexamples do not depend on N")
+    c.add_argument("--ray", metavar="ADDRESS",
+                   help="run the targets on the Ray cluster at ADDRESS ('local': start one on this machine; "
+                        "needs the extra kvoracle[ray], and kvoracle installed on every node)")
     c.add_argument("--json", metavar="FILE", help="also write the table's rows, with each counterexample, as JSON")
     c.add_argument("--no-coverage", action="store_true",
                    help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")
@@ -467,6 +469,8 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
     pr.add_argument("--workers", type=int, default=1, metavar="N",
                     help="run the groups of obligations on N processes (default 1)")
+    pr.add_argument("--ray", metavar="ADDRESS",
+                    help="run the groups of obligations on the Ray cluster at ADDRESS ('local': start one here)")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
@@ -487,7 +491,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ClusterUnavailable as e:
+        print(f"kvoracle {args.command}: {e}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -7,13 +7,12 @@ contracts. Each method explores every case within its stated scope only.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvoracle.oracle.workers import in_order
 from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, explore
 from kvoracle.spec.next import Scope
 from kvoracle.spec.properties import PROPERTIES
@@ -116,9 +115,10 @@ def uncovered(rows: list[Row]) -> list[str]:
 
 
 def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
-            progress: Callable[[str], None] | None = None, workers: int = 1) -> list[Row]:
+            progress: Callable[[str], None] | None = None, workers: int = 1, ray: str | None = None) -> list[Row]:
     """Every obligation at the named scope (SCOPES: quick, ci, deep), each group on one of
-    `workers` processes; the rows come back in the same order whatever the number."""
+    `workers` processes (or on the Ray cluster at `ray`); the rows come back in the same
+    order wherever they ran."""
     say = progress or (lambda _: None)
     start = time.perf_counter()
     scope, max_states, per_100 = SCOPES[scope_name]
@@ -131,15 +131,14 @@ def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
     if crosshair:
         groups.append(("CrossHair contracts", partial(crosshair_rows, 10.0, 600.0)))
     rows: list[Row] = []
-    if workers <= 1:
+    if workers <= 1 and ray is None:
         for what, run in groups:
             say(what)
             rows += run()
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            say(f"{len(groups)} groups of obligations on {workers} processes")
-            for part in pool.map(_run, [run for _, run in groups]):
-                rows += part
+        say(f"{len(groups)} groups of obligations on " + (f"the Ray cluster at {ray}" if ray else f"{workers} processes"))
+        for part in in_order(_run, [run for _, run in groups], workers, ray):
+            rows += part
     say(f"done in {time.perf_counter() - start:.0f} s")
     return rows
 

@@ -28,7 +28,8 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        Engine("reference", "kvoracle.oracle.engines.reference", "ReferenceAdapter", "kvcache", "", "this tree"),
+        Engine("reference", "kvoracle.oracle.engines.reference", "ReferenceAdapter", "kvoracle.kvcache", "",
+               "this tree"),
         Engine("vllm", "kvoracle.oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
         Engine("vllm-scheduler", "kvoracle.oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
         Engine("sglang", "kvoracle.oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),

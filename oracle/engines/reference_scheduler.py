@@ -201,6 +201,7 @@ class ReferenceSchedulerOnDisk(ReferenceScheduler):
     calls because this adapter offers them."""
 
     name = "reference-disk"
+    cpu_blocks = 2  # a CPU tier that evictions find full of blocks in transit, so some must drop
     storage = "DirectoryStorage(fresh_directory())"
     storage_imports = ("from kvoracle.kvcache.storage import DirectoryStorage\n"
                        "from kvoracle.oracle.disk import damage, fresh_directory")

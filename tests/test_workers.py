@@ -1,0 +1,62 @@
+"""Campaigns on several processes and on a Ray cluster: the same rows, in the same order,
+with the same shrunk counterexamples, wherever they ran."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvoracle.oracle.cli import main
+from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, in_order
+
+ray_installed = importlib.util.find_spec("ray") is not None
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_results_come_back_in_order(workers: int) -> None:
+    assert list(in_order(square, list(range(7)), workers)) == [x * x for x in range(7)]
+
+
+def test_without_ray_a_cluster_run_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(ClusterUnavailable, match=r"pip install 'kvoracle\[ray\]'"):
+        list(in_order(square, [1], ray=LOCAL))
+
+
+@pytest.mark.skipif(not ray_installed, reason="Ray is not installed (pip install 'kvoracle[ray]')")
+def test_an_address_where_no_cluster_listens_is_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--level", "cache", "--seeds", "1", "--examples", "5", "--no-coverage",
+                 "--ray", "127.0.0.1:9"]) == 2
+    assert "no Ray cluster at '127.0.0.1:9'" in capsys.readouterr().err
+
+
+def test_engine_campaigns_refuse_workers_and_ray(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--engine", "reference", "--ray", LOCAL]) == 2
+    assert "--ray: not with a engine adapter" in capsys.readouterr().err
+
+
+def rows(tmp_path: Path, *where: str) -> list[dict[str, object]]:
+    out = tmp_path / f"rows{'_'.join(where)}.json"
+    code = main(["check", "--level", "cache", "--mutant", "double-unlock", "--seeds", "1", "--examples", "30",
+                 "--no-coverage", "--json", str(out), *where])
+    assert code == 0
+    found: list[dict[str, object]] = json.loads(out.read_text())
+    for row in found:
+        row.pop("seconds")
+    return found
+
+
+@pytest.mark.skipif(not ray_installed, reason="Ray is not installed (pip install 'kvoracle[ray]')")
+def test_a_campaign_on_a_local_ray_cluster_gives_the_same_rows(tmp_path: Path) -> None:
+    here = rows(tmp_path)
+    assert [r["verdict"] for r in here] == ["pass", "caught"] and here[1]["counterexample"]
+    assert rows(tmp_path, "--ray", LOCAL) == here
+    assert rows(tmp_path, "--workers", "2") == here
