@@ -92,15 +92,19 @@ def workers(examples: int) -> list[Row]:
     runs = {"1 process": ["--workers", "1"], "2 processes": ["--workers", "2"]}
     if importlib.util.find_spec("ray") is not None:
         runs["a local Ray cluster"] = ["--ray", "local"]
-    seconds = {}
+    seconds, failed = {}, {}
     for where, flags in runs.items():
         start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            kvoracle(["check", "--level", "cache", "--seeds", "1", "--examples", str(examples), "--no-coverage",
-                      *flags])
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = kvoracle(["check", "--level", "cache", "--seeds", "1", "--examples", str(examples),
+                             "--no-coverage", *flags])
         seconds[where] = time.perf_counter() - start
+        if code != 0:  # a run that failed fast is no speed-up
+            failed[where] = (err.getvalue().strip().splitlines() or [f"exit {code}"])[-1]
     one = seconds.pop("1 process")
-    return [(f"kvoracle check on {where}", f"{one / s:.2f}x",
+    return [(f"kvoracle check on {where}", "-", f"failed: {failed[where]}") if where in failed else
+            (f"kvoracle check on {where}", f"{one / s:.2f}x",
              f"cache level, 1 seed of {examples}: {one:.1f} s on 1 process, {s:.1f} s on {where}")
             for where, s in seconds.items()]
 

@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from kvoracle.oracle.cache_machine import CacheMachine, Tally
 from kvoracle.oracle.engine import EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
-from kvoracle.oracle.scheduler_machine import SchedulerMachine
+from kvoracle.oracle.scheduler_machine import SchedulerMachine, scheduler_level_machine
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.tiered import TieredAdapter
 from kvoracle.oracle.violations import PropertyViolated
@@ -59,8 +59,10 @@ def cache_machine(adapter: Callable[[], TieredAdapter], *, settings: Settings | 
 
 def scheduler_machine(adapter: Callable[[], SchedulerAdapter], *,
                       settings: Settings | None = None) -> type[SchedulerMachine]:
-    """The scheduler-level machine (requests, faults in every I/O call, bad input) on `adapter`."""
-    return _machine(SchedulerMachine, adapter, {"tally": Tally()}, settings)
+    """The scheduler-level machine (requests, faults in every I/O call, bad input) on `adapter`;
+    the disk machine when the adapter also offers `damage_storage`."""
+    base = scheduler_level_machine(adapter) if isinstance(adapter, type) else SchedulerMachine
+    return _machine(base, adapter, {"tally": Tally()}, settings)
 
 
 def engine_machine(adapter: Callable[[], EngineAdapter], *, bad_input: bool = False,

@@ -25,7 +25,7 @@ from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.unchecked import unchecked
-from kvoracle.oracle.workers import ClusterUnavailable, in_order
+from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, in_order
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -108,9 +108,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             return 2
     targets = all_targets()
     if args.mutant:
-        names = {t.name for t in targets}
+        names = {t.name for t in targets if t.mutant is not None}
         if args.mutant not in names:
-            print(f"kvoracle check: no mutant named {args.mutant!r}; known: {', '.join(sorted(names - {'reference'}))}",
+            print(f"kvoracle check: no mutant named {args.mutant!r}; known: {', '.join(sorted(names))}",
                   file=sys.stderr)
             return 2
         level = next(t.level for t in targets if t.name == args.mutant)
@@ -120,8 +120,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not run_options(args):
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
-    tracker = coverage_tracker(args)
-    jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None) for t in targets]
+    tracker = coverage_tracker(args) if args.ray in (None, LOCAL) else None  # a remote node's paths are not ours
+    jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, args.fault_rate,
+                args.kv_backend or "") for t in targets]
     rows = run_jobs(jobs, args.workers, tracker, args.ray)
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
@@ -149,11 +150,17 @@ class Job:
     examples: int
     steps: int
     measured: bool  # under coverage (the reference rows)
+    # the campaign's options a worker must set itself (a Ray worker is a fresh process)
+    fault_rate: float = FAULT_RATE_DEFAULT
+    kv_backend: str = ""
 
 
 def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
     """One target's campaign, and the branches it took when measured (in a worker process
     too: its coverage comes back as data, merged by the parent)."""
+    FAULT_RATE[0] = job.fault_rate
+    if job.kv_backend:
+        os.environ["KV_BACKEND"] = job.kv_backend
     run = partial(run_target, job.target, job.seeds, job.examples, job.steps)
     if not job.measured:
         return run(), {}
@@ -270,7 +277,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
                                      ("--workers", args.workers > 1), ("--ray", args.ray),
                                      ("--repro-dir", args.repro_dir and not issubclass(adapter, Scripted))) if on]
     if refused:
-        print(f"kvoracle check: {', '.join(refused)}: not with a {level} adapter", file=sys.stderr)
+        print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
     if scheduler and not run_options(args):
         return 2
@@ -470,7 +477,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--workers", type=int, default=1, metavar="N",
                     help="run the groups of obligations on N processes (default 1)")
     pr.add_argument("--ray", metavar="ADDRESS",
-                    help="run the groups of obligations on the Ray cluster at ADDRESS ('local': start one here)")
+                    help="run the groups of obligations on the Ray cluster at ADDRESS ('local': start one here; needs the extra kvoracle[ray])")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")

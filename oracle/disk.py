@@ -9,77 +9,77 @@ write to a volume that is gone reports that nothing was written.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvoracle.kvcache.storage import DirectoryStorage
+from kvoracle.spec.types import BlockHash
+
 DAMAGE = ("truncate", "corrupt", "delete", "unmount", "remount")
-_PREFIX = "kvoracle-disk-"
 _AWAY = ".away"  # where an unmounted volume's files wait for the remount
 
 
-def fresh_directory() -> str:
-    """An empty directory of this process's own (campaign workers never share one). The
-    first call also removes those left by processes that have ended: a worker process
-    exits without running exit handlers."""
-    here = Path(tempfile.gettempdir())
-    for old in here.glob(f"{_PREFIX}*"):
-        pid = old.name.removeprefix(_PREFIX).removesuffix(_AWAY)
-        if pid.isdigit() and not _alive(int(pid)):
-            _remove(old)
-    root = here / f"{_PREFIX}{os.getpid()}"
-    _remove(root)
-    _remove(root.with_name(root.name + _AWAY))
-    root.mkdir()
-    return str(root)
+class Disk:
+    """A DirectoryStorage (or a subclass, `make`) in a temporary directory of its own,
+    removed when the Disk is dropped. It notes the blocks written through it in the
+    order they were first written, so that damage names a block by that order: the
+    blocks of the prompts every request shares come first, and the choice does not
+    depend on the file system's clock."""
 
+    def __init__(self, make: Callable[[str], DirectoryStorage] = DirectoryStorage) -> None:
+        root = Path(tempfile.mkdtemp(prefix="kvoracle-disk-"))
+        self.backend = make(str(root))
+        self.written: dict[BlockHash, None] = {}  # in the order first written (a dict keeps it)
+        weakref.finalize(self, _remove, root, root.with_name(root.name + _AWAY))
 
-def damage(root: str | os.PathLike[str], how: str, i: int) -> None:
-    """Damage the volume at `root`, or its i-th block file (modulo their number, in the
-    order they were written). Damage that has nothing to act on (no block stored yet, a volume already
-    gone) does nothing."""
-    if how not in DAMAGE:
-        raise ValueError(f"unknown damage {how!r}; known: {', '.join(DAMAGE)}")
-    path = Path(root)
-    away = path.with_name(path.name + _AWAY)
-    if how == "unmount" and path.is_dir():
-        path.rename(away)
-        path.write_bytes(b"")  # a file where the directory was: every open below it fails
-    elif how == "remount" and away.is_dir():
-        path.unlink()
-        away.rename(path)
-    elif how not in ("unmount", "remount") and path.is_dir():
-        # oldest first: the blocks of the prompts every request shares are written first
-        blocks = sorted((p for p in path.iterdir() if not p.name.startswith(".")),  # ".tmp-": writes under way
-                        key=lambda p: (p.stat().st_mtime_ns, p.name))
-        if blocks:
-            _damage_file(blocks[i % len(blocks)], how)
+    def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:
+        done = self.backend.write(blocks)
+        self.written.update(dict.fromkeys(h for h, _ in blocks[:done]))
+        return done
+
+    def read(self, hashes: Sequence[BlockHash]) -> list[bytes]:
+        return self.backend.read(hashes)
+
+    def exists(self, hashes: Sequence[BlockHash]) -> int:
+        return self.backend.exists(hashes)
+
+    def damage(self, how: str, i: int) -> None:
+        """Damage the volume, or the i-th block written (modulo their number). Damage
+        that has nothing to act on (no block written yet, a volume already gone or
+        already back) does nothing."""
+        if how not in DAMAGE:
+            raise ValueError(f"unknown damage {how!r}; known: {', '.join(DAMAGE)}")
+        root = self.backend.root
+        away = root.with_name(root.name + _AWAY)
+        if how == "unmount" and root.is_dir():
+            root.rename(away)
+            root.write_bytes(b"")  # a file where the directory was: every open below it fails
+        elif how == "remount" and away.is_dir():
+            root.unlink(missing_ok=True)
+            away.rename(root)
+        elif how not in ("unmount", "remount") and self.written and root.is_dir():
+            _damage_file(self.backend._path(list(self.written)[i % len(self.written)]), how)
 
 
 def _damage_file(block: Path, how: str) -> None:
+    if not block.is_file():
+        return  # deleted before
     if how == "delete":
         block.unlink()
         return
     blob = block.read_bytes()
     if how == "truncate":
         block.write_bytes(blob[:10])  # shorter than a header
-    else:
-        block.write_bytes(blob[:-1] + bytes([blob[-1] ^ 0xFF]))  # the checksum no longer holds
+    elif blob:
+        block.write_bytes(blob[:-1] + bytes([(blob[-1] + 1) % 256]))  # the checksum no longer holds
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

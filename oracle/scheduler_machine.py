@@ -284,7 +284,7 @@ class DiskMachine(SchedulerMachine):
         self._call("damage", lambda: getattr(self.engine, "damage_storage")(how, i))
 
 
-def machine_for(adapter: type) -> type[SchedulerMachine]:
+def scheduler_level_machine(adapter: type) -> type[SchedulerMachine]:
     """The scheduler-level machine an adapter class calls for."""
     return DiskMachine if hasattr(adapter, "damage_storage") else SchedulerMachine
 

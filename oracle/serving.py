@@ -42,8 +42,8 @@ class SchedulerAdapter(Protocol):
     # Optional too: `outcomes() -> Mapping[str, int]`, how the engine's transfers ended so
     # far ("ok", "error", "partial", "timeout"), for an engine that reports no events.
     # Optional: `damage_storage(how: str, i: int) -> None`, for an engine whose storage
-    # tier is on files: damage it as oracle.disk.damage says (`how` one of DAMAGE); the
-    # machine then makes these calls between the others.
+    # tier is on files: damage it as oracle.disk.Disk.damage does (`how` one of DAMAGE);
+    # such an adapter is driven by the disk machine, which makes these calls between the others.
     # The bad calls it can make, each with the exception the engine must refuse it with.
     refusals: Mapping[BadInput, type[Exception]]
 

@@ -10,7 +10,7 @@ from kvoracle.oracle.cache_machine import CacheMachine, Tally
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler, ReferenceSchedulerOnDisk
 from kvoracle.oracle.mutants import MUTANTS, Mutant
-from kvoracle.oracle.scheduler_machine import machine_for
+from kvoracle.oracle.scheduler_machine import scheduler_level_machine
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Target:
             parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
             attrs["make_adapter"] = type(f"{scheduler_base.__name__}_{tag}", (scheduler_base,), parts)
             attrs["bookkeeping"] = m is None or m.bookkeeping
-        base = CacheMachine if self.level == "cache" else machine_for(self.adapter or scheduler_base)
+        base = CacheMachine if self.level == "cache" else scheduler_level_machine(self.adapter or scheduler_base)
         return type(f"{self.level.title()}Machine_{tag}", (base,), attrs)
 
 

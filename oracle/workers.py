@@ -38,12 +38,13 @@ def in_order(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray:
 
 def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R]:
     ray = _ray()
-    _answers(address)
-    try:
-        ray.init(address=None if address == LOCAL else address, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise ClusterUnavailable(f"no Ray cluster at {address!r}: {e}") from e
+    ours = not ray.is_initialized()  # a caller's own Ray session is used as it is, and left running
+    if ours:
+        _answers(address)
+        try:  # Ray reads "local" as: start a new cluster on this machine
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ClusterUnavailable(f"no Ray cluster at {address!r}: {e}") from e
     try:
         remote = ray.remote(work)
         started = [remote.remote(piece) for piece in pieces]  # all submitted first: they run at once
@@ -51,13 +52,15 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
             result: R = ray.get(ref)
             yield result
     finally:
-        ray.shutdown()
+        if ours:
+            ray.shutdown()
 
 
 def _answers(address: str, seconds: float = 5.0) -> None:
     """Refuse at once an address of the form [ray://]HOST:PORT where nothing listens: Ray
     itself keeps retrying for minutes."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:6379
     if not host or not port.isdigit():
         return  # "local", "auto", or a form Ray resolves itself
     try:

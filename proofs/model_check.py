@@ -340,11 +340,9 @@ def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[in
             transitions += 1
             k, names = _classify(nxt)
             exit_found = step_violations(step, view, of_system(nxt)) if exiting(step) else []
-            if exit_found:
-                known = k in parents
+            if exit_found:  # the trace ends with the violating step, whatever first reached nxt
                 parents.setdefault(k, key)
-                trace = _trace(model, parents, k if known else key) + ([] if known else [_describe(step)])
-                return report(exit_found, trace)
+                return report(exit_found, _trace(model, parents, key) + [_describe(step)])
             if k not in parents:
                 parents[k] = key
                 queue.append((k, relabel(nxt, names)))
@@ -400,9 +398,11 @@ def _trace(model: Next, parents: dict[int, int | None], key: int) -> list[str]:
         for step, nxt in _successors(model, s, model.enabled(s)):
             found, names = _classify(nxt)
             if found == k:
+                out.append(_describe(step))
+                s = relabel(nxt, names)
                 break
-        out.append(_describe(step))
-        s = relabel(nxt, names)
+        else:
+            raise AssertionError(f"no step of Next reaches the recorded state {k:#x}: the search's parents are corrupt")
     return out
 
 

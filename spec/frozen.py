@@ -1,7 +1,8 @@
 """`replace`: a copy of one of spec's frozen dataclasses with some fields changed.
 
-It means exactly `dataclasses.replace`, and the type checker sees that function (so a
-misspelt or mistyped field is still an error). At run time it copies the fields
+It means `dataclasses.replace`, and the type checker sees that function (so a misspelt
+or mistyped field is an error there; at run time nothing checks the names, which is
+why mypy --strict runs over every package). At run time it copies the fields
 without calling `__init__` again: the actions build several states per step, and
 `dataclasses.replace` (field lookup, keyword call, a frozen `__setattr__` per field)
 was the model checker's largest cost. Spec's dataclasses have no `__post_init__`, no

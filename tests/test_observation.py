@@ -128,4 +128,4 @@ def test_cli_refuses_engine_only_options_for_a_deeper_adapter() -> None:
     done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
                            "kvoracle.oracle.engines.reference_cache:ReferenceCache", "--record", "x"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--record: not with a cache adapter" in done.stderr, done.stderr
+    assert done.returncode == 2 and "--record: not for adapters of the cache level" in done.stderr, done.stderr

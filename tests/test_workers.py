@@ -40,12 +40,12 @@ def test_an_address_where_no_cluster_listens_is_refused_at_once(capsys: pytest.C
 
 def test_engine_campaigns_refuse_workers_and_ray(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--engine", "reference", "--ray", LOCAL]) == 2
-    assert "--ray: not with a engine adapter" in capsys.readouterr().err
+    assert "--ray: not for adapters of the engine level" in capsys.readouterr().err
 
 
-def rows(tmp_path: Path, *where: str) -> list[dict[str, object]]:
+def rows(tmp_path: Path, *where: str, mutant: str = "double-unlock") -> list[dict[str, object]]:
     out = tmp_path / f"rows{'_'.join(where)}.json"
-    code = main(["check", "--level", "cache", "--mutant", "double-unlock", "--seeds", "1", "--examples", "30",
+    code = main(["check", "--mutant", mutant, "--seeds", "1", "--examples", "30",
                  "--no-coverage", "--json", str(out), *where])
     assert code == 0
     found: list[dict[str, object]] = json.loads(out.read_text())
@@ -60,3 +60,11 @@ def test_a_campaign_on_a_local_ray_cluster_gives_the_same_rows(tmp_path: Path) -
     assert [r["verdict"] for r in here] == ["pass", "caught"] and here[1]["counterexample"]
     assert rows(tmp_path, "--ray", LOCAL) == here
     assert rows(tmp_path, "--workers", "2") == here
+
+
+@pytest.mark.skipif(not ray_installed, reason="Ray is not installed (pip install 'kvoracle[ray]')")
+def test_the_campaign_options_reach_the_ray_workers(tmp_path: Path) -> None:
+    """A Ray worker is a fresh process: the fault rate must travel with each target."""
+    on_ray = rows(tmp_path, "--fault-rate", "0", "--ray", LOCAL, mutant="leaky-admit")
+    assert [r["faults"] for r in on_ray] == [0, 0]
+    assert on_ray == rows(tmp_path, "--fault-rate", "0", mutant="leaky-admit")

@@ -202,9 +202,8 @@ class ReferenceSchedulerOnDisk(ReferenceScheduler):
 
     name = "reference-disk"
     cpu_blocks = 2  # a CPU tier that evictions find full of blocks in transit, so some must drop
-    storage = "DirectoryStorage(fresh_directory())"
-    storage_imports = ("from kvoracle.kvcache.storage import DirectoryStorage\n"
-                       "from kvoracle.oracle.disk import damage, fresh_directory")
+    storage = "Disk()"  # DirectoryStorage in a directory of its own
+    storage_imports = "from kvoracle.oracle.disk import Disk"
 
     def damage_storage(self, how: str, i: int) -> None:
-        self.run(f"damage(store.root, {how!r}, {i})")
+        self.run(f"store.damage({how!r}, {i})")
