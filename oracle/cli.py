@@ -507,4 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as kvoracle.oracle.cli, not as __main__: a Ray worker must import the functions
+    # it is sent by name (cloudpickle copies those of __main__, and their globals with them)
+    from kvoracle.oracle.cli import main as cli_main
+
+    sys.exit(cli_main())

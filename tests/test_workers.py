@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,10 +45,14 @@ def test_engine_campaigns_refuse_workers_and_ray(capsys: pytest.CaptureFixture[s
 
 
 def rows(tmp_path: Path, *where: str, mutant: str = "double-unlock") -> list[dict[str, object]]:
+    """The rows of `kvoracle check` run in a process of its own: Hypothesis mixes the
+    constants of every loaded local module into its draws, so a campaign run inside this
+    test process (which has the whole test suite loaded) would draw differently."""
     out = tmp_path / f"rows{'_'.join(where)}.json"
-    code = main(["check", "--mutant", mutant, "--seeds", "1", "--examples", "30",
-                 "--no-coverage", "--json", str(out), *where])
-    assert code == 0
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--mutant", mutant, "--seeds", "1",
+                           "--examples", "30", "--no-coverage", "--json", str(out), *where],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
     found: list[dict[str, object]] = json.loads(out.read_text())
     for row in found:
         row.pop("seconds")
