@@ -61,8 +61,7 @@ def scheduler_machine(adapter: Callable[[], SchedulerAdapter], *,
                       settings: Settings | None = None) -> type[SchedulerMachine]:
     """The scheduler-level machine (requests, faults in every I/O call, bad input) on `adapter`;
     the disk machine when the adapter also offers `damage_storage`."""
-    base = scheduler_level_machine(adapter) if isinstance(adapter, type) else SchedulerMachine
-    return _machine(base, adapter, {"tally": Tally()}, settings)
+    return _machine(scheduler_level_machine(adapter), adapter, {"tally": Tally()}, settings)
 
 
 def engine_machine(adapter: Callable[[], EngineAdapter], *, bad_input: bool = False,

@@ -284,8 +284,8 @@ class DiskMachine(SchedulerMachine):
         self._call("damage", lambda: getattr(self.engine, "damage_storage")(how, i))
 
 
-def scheduler_level_machine(adapter: type) -> type[SchedulerMachine]:
-    """The scheduler-level machine an adapter class calls for."""
+def scheduler_level_machine(adapter: object) -> type[SchedulerMachine]:
+    """The scheduler-level machine an adapter (its class, or a factory) calls for."""
     return DiskMachine if hasattr(adapter, "damage_storage") else SchedulerMachine
 
 
