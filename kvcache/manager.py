@@ -7,8 +7,7 @@ that refinement can replay the action on the abstract state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvoracle.kvcache.allocator import B, BlockAllocator
@@ -83,6 +82,29 @@ class Completion:
     done: int  # leading items that succeeded
 
 
+class _Tracking:
+    """CacheManager._tracking's context (a class: a generator-based one costs more on
+    the hot paths). On an exception nothing is settled, as for any failed mutation."""
+
+    __slots__ = ("manager", "before")
+
+    def __init__(self, manager: CacheManager, nodes: tuple[Node | None, ...]) -> None:
+        self.manager = manager
+        watched = {id(n): n for n in nodes if n is not None and not n.is_root}.values()
+        self.before = [(n, manager.is_gpu_evictable(n), manager.is_cpu_evictable(n)) for n in watched]
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            return
+        m = self.manager
+        for n, was_gpu, was_cpu in self.before:
+            m._settle(n, GPU, was_gpu, n.alive and m.is_gpu_evictable(n))
+            m._settle(n, CPU, was_cpu, n.alive and m.is_cpu_evictable(n))
+
+
 class CacheManager:
     """GPU and CPU block pools, the prefix tree, LRU leaf heaps and in-flight transfers."""
 
@@ -118,16 +140,10 @@ class CacheManager:
         t = n.tier
         return isinstance(t, OnCpu) and not n.children and not self.cpu_pins.get(t.cpu, 0)
 
-    @contextmanager
-    def _tracking(self, *nodes: Node | None) -> Iterator[None]:
+    def _tracking(self, *nodes: Node | None) -> _Tracking:
         """Around a mutation of these nodes: keep the evictable counters exact and
         offer every node that became evictable to its heap."""
-        watched = {id(n): n for n in nodes if n is not None and not n.is_root}.values()
-        before = [(n, self.is_gpu_evictable(n), self.is_cpu_evictable(n)) for n in watched]
-        yield
-        for n, was_gpu, was_cpu in before:
-            self._settle(n, GPU, was_gpu, n.alive and self.is_gpu_evictable(n))
-            self._settle(n, CPU, was_cpu, n.alive and self.is_cpu_evictable(n))
+        return _Tracking(self, nodes)
 
     def _settle(self, n: Node, tier: int, was: bool, now: bool) -> None:
         if was == now:
@@ -188,8 +204,7 @@ class CacheManager:
         swap_dests = self.gpu.allocate(len(cpu_run))
         fetch_dests = self.gpu.allocate(len(fetch))
         now = self._tick()
-        for n in path:
-            self._take_ref(n, now)
+        self._move_refs(path, +1, now)
         swap = self._start_swap_in(r, cpu_run, swap_dests, now)
         held = self.requests[r] = Holding(path + cpu_run, list(fetch_dests), filling=bool(swap))
         prefetch = None
@@ -209,10 +224,19 @@ class CacheManager:
             node = child
         return run
 
-    def _take_ref(self, n: Node, now: int) -> None:
-        with self._tracking(n):
-            n.refcount += 1
+    def _move_refs(self, nodes: Sequence[Node], by: int, now: int) -> None:
+        """Each node's refcount moves by `by`, and it is used at `now`. A refcount decides
+        GPU evictability only, so the GPU counter and heap are all that can change (one
+        pass for a whole path: this is the hot path of match and release)."""
+        evictable = self.is_gpu_evictable
+        was = [evictable(n) for n in nodes]
+        for n in nodes:
+            n.refcount += by
             n.last_access = now
+        for n, before in zip(nodes, was):
+            after = n.alive and evictable(n)
+            if after != before:
+                self._settle(n, GPU, before, after)
 
     def _start_swap_in(self, r: RequestId, run: list[Node], dests: list[GpuBlock], now: int) -> TransferId | None:
         if not run:
@@ -225,8 +249,8 @@ class CacheManager:
             with self._tracking(n, n.parent):
                 self.tree.set_tier(n, SwappingIn(c, g))
                 self._pin(self.cpu_pins, c, +1)
-            self._take_ref(n, now)
             items.append((n, c, g))
+        self._move_refs(run, +1, now)  # nodes swapping in are evictable on neither tier
         self.jobs[tid] = SwapInJob(tid, r, items)
         return tid
 
@@ -309,10 +333,12 @@ class CacheManager:
     def _write_sources(
         self, r: RequestId, held: Holding, write: Sequence[BlockHash]
     ) -> list[tuple[BlockHash, GpuBlock, Node | None]]:
+        if not write:
+            return []
         table = self.table(r)
         if len(write) > len(table):
             raise HashMismatch(r, f"{len(write)} hashes to write for {len(table)} blocks")
-        if not write or not self.ready(r):
+        if not self.ready(r):
             return []  # nothing complete to write yet
         nodes: list[Node | None] = [*held.path, *[None] * len(held.private)]
         return [(h, g, n) for h, g, n in zip(write, table, nodes) if h not in self.stored]
@@ -324,9 +350,7 @@ class CacheManager:
                 job.request = None
                 if isinstance(job, PrefetchJob):
                     fetching.update(g for _, g in job.items)
-        now = self._tick()
-        for n in held.path:
-            self._drop_ref(n, now)
+        self._move_refs(held.path, -1, self._tick())
         freed: list[GpuBlock] = []
         for g in held.private:
             if g in fetching:
@@ -340,11 +364,6 @@ class CacheManager:
         self.gpu.free(freed)
         del self.requests[r]
 
-    def _drop_ref(self, n: Node, now: int) -> None:
-        with self._tracking(n):
-            n.refcount -= 1
-            n.last_access = now
-
     # --- eviction --------------------------------------------------------------------
 
     def evict_gpu(self, need: int) -> EvictReport:
@@ -352,7 +371,7 @@ class CacheManager:
         swapped out when the CPU tier has room (after evicting CPU leaves), else dropped."""
         steps: list[EvictStep] = []
         swaps: list[tuple[Node, GpuBlock, CpuBlock]] = []
-        while sum(isinstance(s, SwapOutTo | Drop) for s in steps) < need:
+        for _ in range(need):
             node = self._pop(self.gpu_heap, self.is_gpu_evictable, Tier.GPU, steps)
             if node is None:
                 break
@@ -372,8 +391,9 @@ class CacheManager:
     def evict_cpu(self, need: int) -> EvictReport:
         """Evict up to `need` CPU leaves, least recently used first."""
         steps: list[EvictStep] = []
-        while sum(isinstance(s, EvictCpu) for s in steps) < need and self._evict_one_cpu(steps):
-            pass
+        for _ in range(need):
+            if not self._evict_one_cpu(steps):
+                break
         return EvictReport(tuple(steps), None)
 
     def _cpu_room(self, steps: list[EvictStep]) -> CpuBlock | None:
@@ -469,9 +489,7 @@ class CacheManager:
         # recomputed) and its path is cut before the first node that did not arrive.
         held = self.requests[job.request]
         cut = len(held.path) - len(failed)
-        now = self._tick()
-        for n in held.path[cut:]:
-            self._drop_ref(n, now)
+        self._move_refs(held.path[cut:], -1, self._tick())
         held.path = held.path[:cut]
         held.private[:0] = failed
 

@@ -76,7 +76,7 @@ class DoubleUnlock(CacheManager):
 
     def release(self, r: RequestId, write: Sequence[BlockHash] = ()) -> ReleaseReport:
         for n in self._unlocked.get(r, []) if r not in self.requests else []:
-            self._drop_ref(n, self._tick())
+            self._move_refs([n], -1, self._tick())
         held = self._holding(r)
         self._unlocked[r] = list(held.path)
         return super().release(r, write)

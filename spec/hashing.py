@@ -9,18 +9,26 @@ from kvoracle.spec.types import BlockHash
 
 
 def block_hash(parent: BlockHash | None, tokens: Sequence[int], extra: Sequence[int] = ()) -> BlockHash:
-    h = hashlib.blake2b(digest_size=8)
-    h.update(b"-" if parent is None else parent.to_bytes(8, "little"))
-    h.update(("t" + ",".join(map(str, tokens))).encode())  # one encode per block: the hot path of match
-    h.update(("x" + ",".join(map(str, extra))).encode())
-    return BlockHash(int.from_bytes(h.digest(), "little"))
+    return _chained(parent, tokens, _extra_bytes(extra))
+
+
+def _extra_bytes(extra: Sequence[int]) -> bytes:
+    return ("x" + ",".join(map(str, extra))).encode()
+
+
+def _chained(parent: BlockHash | None, tokens: Sequence[int], extra: bytes) -> BlockHash:
+    """The digest of parent, tokens and extra keys, each encoded once (the hot path of match)."""
+    head = b"-" if parent is None else parent.to_bytes(8, "little")
+    digest = hashlib.blake2b(head + ("t" + ",".join(map(str, tokens))).encode() + extra, digest_size=8).digest()
+    return BlockHash(int.from_bytes(digest, "little"))
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, extra: Sequence[int] = ()) -> tuple[BlockHash, ...]:
     """Hashes of every full block of `tokens`; a trailing partial block has none (never cached)."""
     out: list[BlockHash] = []
     parent: BlockHash | None = None
+    keys = _extra_bytes(extra)
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = block_hash(parent, tokens[start : start + block_size], extra)
+        parent = _chained(parent, tokens[start : start + block_size], keys)
         out.append(parent)
     return tuple(out)
