@@ -1,10 +1,12 @@
 """Every speed figure of kvoracle in one table: the model checker (distinct states per
-second, bytes per stored state), each stateful machine with all checks on (steps per
-second), the reference's bookkeeping per request next to each installed engine's, and
-the speed-up of a campaign on two worker processes. A benchmark, not a test: no
-asserts, and each figure is measured here and now, side by side in one run.
+second, bytes per stored state; one search in one process, then split across processes
+and across a local Ray cluster), each stateful machine with its audit after every step and
+after every 10th (steps per second), the reference's bookkeeping per request next to
+each installed engine's, and the speed-up of a campaign on two worker processes. A
+benchmark, not a test: no asserts, and each figure is measured here and now, side by
+side in one run.
 
-    python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N]
+    python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
 
 `make bench` runs it (about 4 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
 ten on 2 cores); a scope cut short by --max-states says so in its row.
@@ -20,21 +22,28 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
+from kvoracle.oracle import audit  # noqa: E402
+from kvoracle.oracle.cache_machine import CacheMachine, Tally  # noqa: E402
+from kvoracle.oracle.campaign import run_seeds  # noqa: E402
 from kvoracle.oracle.cli import main as kvoracle  # noqa: E402
 from kvoracle.oracle.cli import run_target  # noqa: E402
 from kvoracle.oracle.engine_campaign import run_engine  # noqa: E402
 from kvoracle.oracle.engines import adapter_class  # noqa: E402
 from kvoracle.oracle.report import columns  # noqa: E402
 from kvoracle.oracle.targets import all_targets  # noqa: E402
-from kvoracle.proofs.model_check import explore  # noqa: E402
+from kvoracle.proofs.model_check import Report, explore  # noqa: E402
+from kvoracle.proofs.partitioned import explore_partitioned  # noqa: E402
 from kvoracle.proofs.obligations import CI_SCOPE, DEEP_SCOPE  # noqa: E402
 from kvoracle.spec.next import Scope  # noqa: E402
+from kvoracle.spec.actions import CacheEvent  # noqa: E402
+from kvoracle.spec.state import CacheState  # noqa: E402
 
 # Issue 17's re-admission scope: storage on, three requests, each admitted up to twice.
 READMISSION_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=3, prompt_blocks=2, alphabet=2,
@@ -43,23 +52,55 @@ SCOPES = {"ci": CI_SCOPE, "readmission": READMISSION_SCOPE, "deep": DEEP_SCOPE}
 Row = tuple[str, str, str]  # what, figure, how it was measured
 
 
-def model_check(names: Sequence[str], max_states: int) -> list[Row]:
+def model_check(names: Sequence[str], max_states: int, partitions: Sequence[int], ray: bool) -> list[Row]:
+    """Each scope's search in one process, then split across each count of `partitions`
+    (processes of this machine), and across 2 actors of a local Ray cluster (`ray`)."""
     rows = []
     for name in names:
-        r = explore(SCOPES[name], max_states=max_states)
-        done = "" if r.complete else f", cut at {max_states:,} states"
-        rows.append((f"model check, {name} scope", f"{r.rate:,.0f} states/s",
-                     f"{r.states:,} states, {r.transitions:,} transitions in {r.seconds:.1f} s, "
-                     f"{r.bytes_per_state:,.0f} bytes/state{done}"))
+        runs: list[tuple[str, Callable[[], Report]]] = [("", partial(explore, SCOPES[name], max_states=max_states))]
+        runs += [(f", {n} partitions", partial(explore_partitioned, SCOPES[name], max_states=max_states,
+                                               partitions=n)) for n in partitions]
+        if ray:
+            runs.append((", 2 partitions on a local Ray cluster", partial(
+                explore_partitioned, SCOPES[name], max_states=max_states, partitions=2, ray="local")))
+        for how, run in runs:
+            r = run()
+            done = "" if r.complete else f", cut at {max_states:,} states"
+            rows.append((f"model check, {name} scope{how}", f"{r.rate:,.0f} states/s",
+                         f"{r.states:,} states, {r.transitions:,} transitions in {r.seconds:.1f} s, "
+                         f"{r.bytes_per_state:,.0f} bytes/state{done}"))
     return rows
 
 
+class Unchecked(CacheMachine):
+    """The cache machine with every check off (not even refinement)."""
+
+    tally = Tally()
+
+    def _check(self, name: str) -> CacheState | None:
+        return None
+
+    def _refine(self, name: str, event: CacheEvent, got: CacheState | None) -> None:
+        return None
+
+
 def machines(examples: int) -> list[Row]:
+    """Each machine with its audit after every step, then after every 10th; and the cache
+    machine with no check at all: what Hypothesis and the engine cost alone."""
     rows = []
-    for target in (t for t in all_targets() if t.mutant is None):
-        row = run_target(target, [0], examples, 100)
-        rows.append((f"{target.level} machine ({target.name})", f"{row.steps / row.seconds:,.0f} steps/s",
-                     f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
+    for every in (1, 10):
+        audit.set_interval(every)
+        for target in (t for t in all_targets() if t.mutant is None):
+            row = run_target(target, [0], examples, 100)
+            rows.append((f"{target.level} machine ({target.name}), audit every {every}",
+                         f"{row.steps / row.seconds:,.0f} steps/s",
+                         f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
+    audit.set_interval(1)
+    start = time.perf_counter()
+    run_seeds(Unchecked, [0], examples=examples, steps=100)
+    seconds, steps = time.perf_counter() - start, Unchecked.tally.steps
+    rows.append(("cache machine, no check at all", f"{steps / seconds:,.0f} steps/s",
+                 f"{steps:,} steps in {seconds:.1f} s: what Hypothesis and the engine cost alone"))
     adapter = adapter_class("reference")
     for bad in (False, True):
         e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
@@ -115,11 +156,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--scopes", nargs="+", choices=list(SCOPES), default=["ci"],
                    help="model-check scopes to explore (default: ci)")
     p.add_argument("--max-states", type=int, default=2_000_000, help="cut a scope's search after N states")
+    p.add_argument("--partitions", type=int, nargs="*", default=[2], metavar="N",
+                   help="also split each scope's search across N processes (default: 2; none: skip)")
     a = p.parse_args(argv)
     random.seed(0)
     examples = 40 if a.quick else 300
     parts: list[tuple[str, Callable[[], list[Row]]]] = [
-        ("model checker", lambda: model_check(a.scopes, a.max_states)),
+        ("model checker", lambda: model_check(a.scopes, a.max_states, a.partitions,
+                                              not a.quick and importlib.util.find_spec("ray") is not None)),
         ("machines", lambda: machines(examples)),
         ("bookkeeping", lambda: bookkeeping(500 if a.quick else 2000)),
         ("workers", lambda: workers(examples)),

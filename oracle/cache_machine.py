@@ -22,6 +22,7 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
+from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
@@ -101,13 +102,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.asked = 0  # blocks the latest GPU eviction asked for
+        self.audit = Audit()
 
     # --- the checking core -----------------------------------------------------------
 
     def _step(self, name: str, impl: Callable[[], R], event: Callable[[R], CacheEvent],
               exiting: RequestId | None = None) -> R:
         """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
-        safety property, then refinement."""
+        safety property (when the audit is due: oracle.audit), then refinement."""
         self.mark = script_length(self.engine)
         before = self.view() if exiting is not None else None
         try:
@@ -120,9 +122,9 @@ class CacheMachine(RuleBasedStateMachine):
         found = self._exit(before, exiting)
         if found:
             raise PropertyViolated(name, found)
-        self._check(name)
+        got = self._check(name) if self.audit.due() else None
         if self.model is not None:
-            self._refine(name, event(result))
+            self._refine(name, event(result), got)
         return result
 
     def _exit(self, before: View | None, r: RequestId | None) -> list[Violation]:
@@ -136,13 +138,14 @@ class CacheMachine(RuleBasedStateMachine):
             return liveness.live_evict(None, 0, 0, None, raised=e)[0]
         return Violation("VALID-INPUT", f"the engine raised {e!r} on a valid {name}")
 
-    def _refine(self, name: str, event: CacheEvent) -> None:
+    def _refine(self, name: str, event: CacheEvent, got: CacheState | None) -> None:
+        """`got`: the engine's abstraction after the call, when the audit already took it."""
         assert self.model is not None
         try:
             self.model = apply_cache(self.model, event)
         except PreconditionError as e:
             raise PropertyViolated(name, [Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")])
-        got = self.engine.abstract()
+        got = self.engine.abstract() if got is None else got
         if got is not None and got != self.model:
             raise PropertyViolated(name, [Violation("REFINEMENT", _diff(self.model, got))])
 
@@ -156,15 +159,17 @@ class CacheMachine(RuleBasedStateMachine):
         live = {request_name(r): held.placed * size for r, held in self.live.items()}
         return view_of(e.observe(), e.observe_cpu(), live, size)
 
-    def _check(self, name: str) -> None:
-        found = self._violations(self.view())
+    def _check(self, name: str) -> CacheState | None:
+        """The audit; returns the abstraction it judged (None: the engine has none)."""
+        got = self.engine.abstract()
+        found = self._violations(got, self.view())
         if found:
             raise PropertyViolated(name, found)
+        return got
 
-    def _violations(self, observed: View) -> list[Violation]:
+    def _violations(self, got: CacheState | None, observed: View) -> list[Violation]:
         """spec's properties on the abstraction, the engine's own checks, then what only
         the observation shows (each ID once, from the most precise source)."""
-        got = self.engine.abstract()
         found = invariants.check(of_cache(got)) if got is not None else []
         for more in (self.engine.invariants(), invariants.check(observed)):
             seen = {v.id for v in found}
@@ -359,7 +364,8 @@ class CacheMachine(RuleBasedStateMachine):
     def _made_bad_call(self, name: str) -> None:
         type(self).tally.bad_inputs += 1
         self._count(name)
-        self._check(name)
+        if self.audit.due():
+            self._check(name)
 
     # --- LIVE-DRAIN ------------------------------------------------------------------------
 
@@ -367,6 +373,7 @@ class CacheMachine(RuleBasedStateMachine):
         if sys.exc_info()[0] is not None:
             return  # a step already failed: keep its report
         e = self.engine
+        self.audit.draining = True
         drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
 
 

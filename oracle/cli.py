@@ -21,6 +21,7 @@ from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
+from kvoracle.oracle import audit
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
@@ -64,7 +65,7 @@ def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int,
     elif result.passed:
         verdict = "SURVIVED"
     else:
-        verdict = "caught" if result.first_id in target.mutant.kills else "WRONG-ID"
+        verdict = "caught" if audit.catches(result.first_id, target.mutant.kills) else "WRONG-ID"
     return Row(
         target, tally.steps, tally.faults, tally.bad_inputs, verdict, result.first_id,
         len(result.counterexample), None if result.passed else result, time.perf_counter() - start,
@@ -117,12 +118,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         targets = [t for t in targets if t.name == args.mutant or (t.name == "reference" and t.level == level)]
     if args.level != "all":
         targets = [t for t in targets if t.level == args.level]
-    if not run_options(args):
+    if not (audit_option(args) and run_options(args)):
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
     tracker = coverage_tracker(args) if args.ray in (None, LOCAL) else None  # a remote node's paths are not ours
     jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, args.fault_rate,
-                args.kv_backend or "") for t in targets]
+                args.kv_backend or "", args.audit_every) for t in targets]
     rows = run_jobs(jobs, args.workers, tracker, args.ray)
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
@@ -153,12 +154,14 @@ class Job:
     # the campaign's options a worker must set itself (a Ray worker is a fresh process)
     fault_rate: float = FAULT_RATE_DEFAULT
     kv_backend: str = ""
+    audit_every: int = 1
 
 
 def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
     """One target's campaign, and the branches it took when measured (in a worker process
     too: its coverage comes back as data, merged by the parent)."""
     FAULT_RATE[0] = job.fault_rate
+    audit.set_interval(job.audit_every)
     if job.kv_backend:
         os.environ["KV_BACKEND"] = job.kv_backend
     run = partial(run_target, job.target, job.seeds, job.examples, job.steps)
@@ -239,6 +242,16 @@ def run_options(args: argparse.Namespace) -> bool:
     return True
 
 
+def audit_option(args: argparse.Namespace) -> bool:
+    """Set the machines' audit interval; False, with the reason printed, when it is unusable."""
+    try:
+        audit.set_interval(args.audit_every)
+    except ValueError as e:
+        print(f"kvoracle check: --audit-every: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def print_unchecked(adapter: type) -> None:
     """Under the table: what this adapter's campaign could not check, and why."""
     for gap in unchecked(adapter()):
@@ -279,7 +292,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
-    if scheduler and not run_options(args):
+    if not audit_option(args) or (scheduler and not run_options(args)):
         return 2
     label = str(getattr(adapter, "name"))
     try:
@@ -397,8 +410,11 @@ def record_trace(path: str, events: int, seed: int) -> None:
 def cmd_prove(args: argparse.Namespace) -> int:
     from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
+    if args.partitions < 1 or (args.partitions > 1 and args.workers > 1):
+        print("kvoracle prove: --partitions must be at least 1, and excludes --workers", file=sys.stderr)
+        return 2
     rows = run_all("deep" if args.deep else args.scope, crosshair=not args.no_crosshair, examples=args.examples,
-                   workers=args.workers, ray=args.ray,
+                   workers=args.workers, ray=args.ray, partitions=args.partitions,
                    progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     head = ("property", "method", "scope", "explored", "time", "verdict")
     body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
@@ -440,6 +456,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--fault-rate", type=float, default=FAULT_RATE_DEFAULT,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
     c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
+    c.add_argument("--audit-every", type=int, default=1, metavar="N",
+                   help="audit every property over the whole state after every N-th step and every step of the "
+                        "final drain (default 1: after every step); a larger N is faster, and misses a violation "
+                        "that heals before the next audit")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
@@ -478,6 +498,9 @@ def parser() -> argparse.ArgumentParser:
                     help="run the groups of obligations on N processes (default 1)")
     pr.add_argument("--ray", metavar="ADDRESS",
                     help="run the groups of obligations on the Ray cluster at ADDRESS ('local': start one here; needs the extra kvoracle[ray])")
+    pr.add_argument("--partitions", type=int, default=1, metavar="N",
+                    help="split each model check's search across N workers (processes here, Ray actors with --ray); "
+                         "the groups of obligations then run one after another")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
     pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, script_length, view_of
 from kvoracle.spec import liveness
@@ -50,6 +51,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.gone: list[str] = []
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
+        self.audit = Audit()
 
     # --- the checking core -----------------------------------------------------------
 
@@ -59,6 +61,9 @@ class EngineMachine(RuleBasedStateMachine):
         t.per_rule[name] = t.per_rule.get(name, 0) + 1
 
     def _check(self, name: str) -> None:
+        """The audit (oracle.audit), when it is due: the engine machine's every check."""
+        if not self.audit.due():
+            return
         found = check(self.adapter.observe(), self.live, self.adapter.block_size)
         if found:
             raise PropertyViolated(name, found)
@@ -199,6 +204,7 @@ class EngineMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if sys.exc_info()[0] is not None:
             return  # a step already failed: keep its report
+        self.audit.draining = True
         drain(self)
 
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, script_length, view_of
@@ -108,6 +109,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.injected = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
+        self.audit = Audit()
 
     # --- checking -----------------------------------------------------------------------
 
@@ -146,14 +148,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
         exit_found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
-        found = invariants.check(of_system(got)) if got is not None else []
-        for more in (e.invariants(), invariants.check(after)):
-            seen = {v.id for v in found}
-            found += [v for v in more if v.id not in seen]
-        found = exit_found + invariants.by_severity(found)
+        found = exit_found + (self._audit(got, after) if self.audit.due() else [])
         if escaped is not None:  # storage or swap errors must never escape the scheduler
             found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
         return found + self._record(name, ticks, got)
+
+    def _audit(self, got: System | None, after: View) -> list[Violation]:
+        """spec's properties on the abstraction, the engine's own checks, then what only
+        the observation shows (each ID once, from the most precise source)."""
+        found = invariants.check(of_system(got)) if got is not None else []
+        for more in (self.engine.invariants(), invariants.check(after)):
+            seen = {v.id for v in found}
+            found += [v for v in more if v.id not in seen]
+        return invariants.by_severity(found)
 
     def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:
         """LIVE-TRANSFER on the checker's clock, and refinement: the record replays what
@@ -270,6 +277,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     self._ended(outcome)
         if sys.exc_info()[0] is not None:
             return
+        self.audit.draining = True
         drain(self)
 
 

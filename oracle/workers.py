@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import socket
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -40,11 +41,7 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
     ray = _ray()
     ours = not ray.is_initialized()  # a caller's own Ray session is used as it is, and left running
     if ours:
-        _answers(address)
-        try:  # Ray reads "local" as: start a new cluster on this machine
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ClusterUnavailable(f"no Ray cluster at {address!r}: {e}") from e
+        _connect(ray, address)
     try:
         remote = ray.remote(work)
         started = [remote.remote(piece) for piece in pieces]  # all submitted first: they run at once
@@ -54,6 +51,14 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
     finally:
         if ours:
             ray.shutdown()
+
+
+def _connect(ray: Any, address: str) -> None:
+    _answers(address)
+    try:  # Ray reads "local" as: start a new cluster on this machine
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ClusterUnavailable(f"no Ray cluster at {address!r}: {e}") from e
 
 
 def _answers(address: str, seconds: float = 5.0) -> None:
@@ -74,3 +79,90 @@ def _ray() -> Any:  # Ray's API is untyped here; imported only when asked for
         return importlib.import_module("ray")
     except ImportError as e:
         raise ClusterUnavailable("Ray is not installed: pip install 'kvoracle[ray]'") from e
+
+
+class Team:
+    """Stateful workers called round by round: worker i is `cls(*args[i])`, in a process of
+    its own on this machine, or a Ray actor on the cluster at `ray`. `call` runs one method
+    on every worker at once and returns the results in worker order."""
+
+    def __init__(self, cls: type, args: Sequence[tuple[Any, ...]], ray: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: environment variables a Ray actor needs from its start (a local worker is
+        forked, and has the parent's)."""
+        self._ray: Any = None
+        self._ours = False
+        if ray is not None:
+            self._ray = _ray()
+            self._ours = not self._ray.is_initialized()
+            if self._ours:
+                _connect(self._ray, ray)
+            actor = self._ray.remote(cls).options(runtime_env={"env_vars": env or {}})
+            self._actors = [actor.remote(*a) for a in args]
+            return
+        context = multiprocessing.get_context("fork")
+        self._pipes: list[Any] = []
+        self._processes: list[Any] = []
+        for a in args:
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(theirs, cls, a), daemon=True)
+            process.start()
+            self._pipes.append(ours)
+            self._processes.append(process)
+
+    def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        if self._ray is not None:
+            return list(self._ray.get([getattr(w, method).remote(*a) for w, a in zip(self._actors, args)]))
+        for pipe, a in zip(self._pipes, args):
+            pipe.send((method, a))
+        return [_answer(pipe, method) for pipe in self._pipes]
+
+    def call_one(self, i: int, method: str, args: tuple[Any, ...]) -> Any:
+        """One method on worker i alone."""
+        if self._ray is not None:
+            return self._ray.get(getattr(self._actors[i], method).remote(*args))
+        self._pipes[i].send((method, args))
+        return _answer(self._pipes[i], method)
+
+    def close(self) -> None:
+        if self._ray is not None:
+            for w in self._actors:
+                self._ray.kill(w)
+            if self._ours:
+                self._ray.shutdown()
+            return
+        for pipe in self._pipes:
+            pipe.send(None)
+        for process in self._processes:
+            process.join()
+
+    def __enter__(self) -> Team:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _answer(pipe: Any, method: str) -> Any:
+    ok, result = pipe.recv()
+    if not ok:
+        raise RuntimeError(f"a worker failed in {method}:\n{result}")
+    return result
+
+
+def _serve(pipe: Any, cls: type, args: tuple[Any, ...]) -> None:
+    """A local worker: build the object, then answer calls until told to stop."""
+    try:
+        worker = cls(*args)
+    except Exception:
+        worker = None
+        failure = traceback.format_exc()
+    while (message := pipe.recv()) is not None:
+        if worker is None:
+            pipe.send((False, failure))
+            continue
+        method, a = message
+        try:
+            pipe.send((True, getattr(worker, method)(*a)))
+        except Exception:
+            pipe.send((False, traceback.format_exc()))

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import Evict, PreconditionError, SkipStale
@@ -137,13 +137,19 @@ class _Names(dict[int, int]):
         return name
 
 
+# None's hash is its address before Python 3.12: the form holds -1 instead (ids and hashes
+# are >= 0), so that a key is the same in every process with the same PYTHONHASHSEED.
+_NONE = -1
+
+
 def _encode(s: System) -> tuple[tuple[object, ...], _Names, _Names]:
     """s's canonical form, and the names it gave GPU and CPU blocks (which `relabel` reuses:
     one traversal serves both the key and the representative)."""
     c = s.cache
     gpu, cpu = _Names(), _Names()
     g, k = gpu.__getitem__, cpu.__getitem__
-    nodes = tuple([(h, n.parent, _tier(n.tier, g, k), n.refcount) for h, n in sorted(c.nodes.items())])
+    nodes = tuple([(h, _NONE if n.parent is None else n.parent, _tier(n.tier, g, k), n.refcount)
+                   for h, n in sorted(c.nodes.items())])
     reqs = tuple([(r, held.path, tuple(map(g, held.private))) for r, held in sorted(c.requests.items())])
     trs = tuple([(_transfer(c.transfers[t], g, k), s.now - s.started.get(t, s.now)) for t in sorted(c.transfers)])
     pins = (frozenset([(g(b), n) for b, n in c.gpu_pins.items()]),
@@ -184,10 +190,10 @@ def _transfer(t: Transfer, g: Callable[[int], int], c: Callable[[int], int]) -> 
     if isinstance(t, SwapOut):
         return ("o", tuple((h, g(a), c(b)) for h, a, b in t.items))
     if isinstance(t, SwapIn):
-        return ("i", t.request, tuple((h, c(a), g(b)) for h, a, b in t.items))
+        return ("i", _NONE if t.request is None else t.request, tuple((h, c(a), g(b)) for h, a, b in t.items))
     if isinstance(t, StorageWrite):
         return ("w", tuple((h, g(a)) for h, a in t.items), tuple(map(g, t.adopted)))
-    return ("p", t.request, tuple((h, g(a)) for h, a in t.items))
+    return ("p", _NONE if t.request is None else t.request, tuple((h, g(a)) for h, a in t.items))
 
 
 def relabel(s: System, names: tuple[_Names, _Names] | None = None) -> System:
@@ -311,7 +317,7 @@ def _no_cycle_collection() -> Iterator[None]:
 
 
 def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[int, int], None] | None) -> Report:
-    model = MUTATIONS[mutation](scope) if mutation else Next(scope)
+    model = model_of(scope, mutation)
     start = time.perf_counter()
     first = relabel(init(scope))
     root = digest(first)
@@ -327,22 +333,14 @@ def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[in
 
     while queue:
         key, s = queue.popleft()
-        view = of_system(s)
-        enabled = list(model.enabled(s))
-        found = state_violations(enabled, s, view)
-        if found:
-            return report(found, _trace(model, parents, key))
-        drained = _drain(s, key, drains, bound)
-        if drained < 0:
-            return report(liveness.live_drain(s, bound), _trace(model, parents, key))
-        longest = max(longest, drained)
-        for step, nxt in _successors(model, s, enabled):
-            transitions += 1
-            k, names = _classify(nxt)
-            exit_found = step_violations(step, view, of_system(nxt)) if exiting(step) else []
-            if exit_found:  # the trace ends with the violating step, whatever first reached nxt
-                parents.setdefault(k, key)
-                return report(exit_found, _trace(model, parents, key) + [_describe(step)])
+        v = visit(model, s, key, drains, bound)
+        transitions += len(v.successors) + (v.last_step is not None)
+        if v.violation:
+            if v.last_step is not None:
+                parents.setdefault(v.last_key, key)
+            return report(v.violation, v.trace(replay(model, key_path(parents.__getitem__, key))))
+        longest = max(longest, v.drained)
+        for k, names, nxt in v.successors:
             if k not in parents:
                 parents[k] = key
                 queue.append((k, relabel(nxt, names)))
@@ -351,6 +349,49 @@ def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[in
         if len(parents) > max_states:
             return report([], [], complete=False)
     return report([], [])
+
+
+def model_of(scope: Scope, mutation: str) -> Next:
+    return MUTATIONS[mutation](scope) if mutation else Next(scope)
+
+
+@dataclass
+class Visit:
+    """What one state's visit found: its violations, or the steps out of it."""
+
+    violation: list[Violation]
+    drained: int = 0  # the steps spec's drain takes from the state to all-free
+    successors: list[tuple[int, tuple[_Names, _Names], System]] = field(default_factory=list)  # key, names, state
+    last_step: str | None = None  # a step that violates a step property (LIVE-EXIT), described
+    last_key: int = 0  # and the key of the state it reaches
+
+    def trace(self, to_state: list[str]) -> list[str]:
+        """The counterexample, given the trace to the visited state: a step violation's
+        ends with the violating step, whatever first reached the state after it."""
+        return to_state if self.last_step is None else [*to_state, self.last_step]
+
+
+def visit(model: Next, s: System, key: int, drains: dict[int, int], bound: int) -> Visit:
+    """Check state s (whose key is `key`) and every step out of it, up to the first
+    violation; the successors come with their keys and the names `relabel` needs."""
+    view = of_system(s)
+    enabled = list(model.enabled(s))
+    found = state_violations(enabled, s, view)
+    if found:
+        return Visit(found)
+    drained = _drain(s, key, drains, bound)
+    if drained < 0:
+        return Visit(liveness.live_drain(s, bound))
+    out = Visit([], drained)
+    for step, nxt in _successors(model, s, enabled):
+        k, names = _classify(nxt)
+        if exiting(step):
+            exit_found = step_violations(step, view, of_system(nxt))
+            if exit_found:
+                out.violation, out.last_step, out.last_key = exit_found, _describe(step), k
+                return out
+        out.successors.append((k, names, nxt))
+    return out
 
 
 def _successors(model: Next, s: System, enabled: Iterable[Step]) -> Iterator[tuple[Step, System]]:
@@ -384,17 +425,22 @@ def _drain(s: System, key: int, memo: dict[int, int], bound: int) -> int:
     return result
 
 
-def _trace(model: Next, parents: dict[int, int | None], key: int) -> list[str]:
-    """The steps of a shortest path from Init to the state `key`. The search keeps only
-    parent links; replaying Next along them recovers the step that first reached each
-    state (the first, in Next's order, from its parent's representative)."""
+def key_path(parent_of: Callable[[int], int | None], key: int) -> list[int]:
+    """The keys of the states on the search's path from Init to `key`, Init first."""
     path: list[int] = []
     cur: int | None = key
     while cur is not None:
         path.append(cur)
-        cur = parents[cur]
+        cur = parent_of(cur)
+    return path[::-1]
+
+
+def replay(model: Next, path: Sequence[int]) -> list[str]:
+    """The steps of a path of keys from Init. The search keeps only parent links;
+    replaying Next along them recovers the step that first reached each state (the
+    first, in Next's order, from its parent's representative)."""
     s, out = relabel(init(model.scope)), []
-    for k in reversed(path[:-1]):
+    for k in path[1:]:
         for step, nxt in _successors(model, s, model.enabled(s)):
             found, names = _classify(nxt)
             if found == k:

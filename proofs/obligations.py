@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvoracle.oracle.workers import in_order
-from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, explore
+from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, Report, explore
+from kvoracle.proofs.partitioned import explore_partitioned
 from kvoracle.spec.next import Scope
 from kvoracle.spec.properties import PROPERTIES
 
@@ -53,8 +54,24 @@ class Row:
     detail: str = ""
 
 
-def model_rows(scope: Scope, max_states: int, progress: Callable[[int, int], None] | None = None) -> list[Row]:
-    r = explore(scope, max_states=max_states, progress=progress)
+@dataclass(frozen=True)
+class Search:
+    """Where each model check's search runs: in one process (partitions 1), or split
+    across `partitions` workers, processes here or Ray actors on the cluster at `ray`."""
+
+    partitions: int = 1
+    ray: str | None = None
+
+    def run(self, scope: Scope, mutation: str = "", max_states: int = 2_000_000,
+            progress: Callable[[int, int], None] | None = None) -> Report:
+        if self.partitions > 1:
+            return explore_partitioned(scope, mutation, max_states, self.partitions, self.ray, progress)
+        return explore(scope, mutation, max_states, progress)
+
+
+def model_rows(scope: Scope, max_states: int, search: Search = Search(),
+               progress: Callable[[int, int], None] | None = None) -> list[Row]:
+    r = search.run(scope, max_states=max_states, progress=progress)
     explored = (f"{r.states:,} states, {r.transitions:,} transitions, drain <= {r.longest_drain}, "
                 f"{r.bytes_per_state:.0f} B/state")
     if r.passed:
@@ -65,11 +82,11 @@ def model_rows(scope: Scope, max_states: int, progress: Callable[[int, int], Non
                 "VIOLATED" if i in failed else "not reached", False, why) for i in MODEL_IDS]
 
 
-def mutant_rows(scope: Scope) -> list[Row]:
+def mutant_rows(scope: Scope, search: Search = Search()) -> list[Row]:
     """The FastDeploy bugs' mutated specifications must be refuted, with a short trace."""
     out = []
     for name in MUTATIONS:
-        r = explore(scope, name)
+        r = search.run(scope, name)
         found = bool(r.violation)
         out.append(Row(r.violation[0].id if found else "-", f"model check of mutant {name}", scope.describe(),
                        f"{r.states:,} states", r.seconds, f"found in {len(r.trace)} steps" if found else "MISSED",
@@ -115,17 +132,22 @@ def uncovered(rows: list[Row]) -> list[str]:
 
 
 def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
-            progress: Callable[[str], None] | None = None, workers: int = 1, ray: str | None = None) -> list[Row]:
+            progress: Callable[[str], None] | None = None, workers: int = 1, ray: str | None = None,
+            partitions: int = 1) -> list[Row]:
     """Every obligation at the named scope (SCOPES: quick, ci, deep), each group on one of
     `workers` processes (or on the Ray cluster at `ray`); the rows come back in the same
-    order wherever they ran."""
+    order wherever they ran. partitions > 1: the groups run one after another, and each
+    model check's search is split across that many workers (on the cluster at `ray`)."""
     say = progress or (lambda _: None)
     start = time.perf_counter()
     scope, max_states, per_100 = SCOPES[scope_name]
+    search = Search(partitions, ray) if partitions > 1 else Search()
+    if partitions > 1:
+        workers, ray = 1, None
     groups: list[tuple[str, Callable[[], list[Row]]]] = [
-        (f"model check: {scope.describe()}", partial(model_rows, scope, max_states)),
-        (f"model check: {CHUNKED_SCOPE.describe()}", partial(model_rows, CHUNKED_SCOPE, max_states)),
-        ("model check of the FastDeploy-bug mutants", partial(mutant_rows, MUTANT_SCOPE)),
+        (f"model check: {scope.describe()}", partial(model_rows, scope, max_states, search)),
+        (f"model check: {CHUNKED_SCOPE.describe()}", partial(model_rows, CHUNKED_SCOPE, max_states, search)),
+        ("model check of the FastDeploy-bug mutants", partial(mutant_rows, MUTANT_SCOPE, search)),
         ("Hypothesis machines on the reference", partial(machine_rows, max(1, examples * per_100 // 100))),
     ]
     if crosshair:
