@@ -8,7 +8,7 @@ side in one run.
 
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
 
-`make bench` runs it (about 4 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
+`make bench` runs it (about 7 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
 ten on 2 cores); a scope cut short by --max-states says so in its row.
 """
 

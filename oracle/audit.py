@@ -15,6 +15,10 @@ violation that heals before the next audit is missed.
 
 from __future__ import annotations
 
+from kvoracle.spec import invariants
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.view import View
+
 EVERY = [1]  # the campaign's interval (kvoracle check --audit-every), read at each step
 
 # What every step checks whatever the interval. Between audits a bug can show here first
@@ -47,3 +51,14 @@ def set_interval(every: int) -> None:
 def catches(first_id: str, kills: frozenset[str]) -> bool:
     """Whether a mutant whose table entry is `kills` counts as caught by `first_id`."""
     return first_id in kills or (EVERY[0] > 1 and first_id in EVERY_STEP)
+
+
+def walk(abstraction: View | None, engine: list[Violation], observed: View) -> list[Violation]:
+    """The audit's verdict: spec's properties on the view of the engine's abstraction (None:
+    it has none), the engine's own checks, then what only its observation shows; each ID
+    once, from the most precise source."""
+    found = invariants.check(abstraction) if abstraction is not None else []
+    for more in (engine, invariants.check(observed)):
+        seen = {v.id for v in found}
+        found += [v for v in more if v.id not in seen]
+    return invariants.by_severity(found)

@@ -22,12 +22,12 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from kvoracle.oracle.audit import Audit
+from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
-from kvoracle.spec import invariants, liveness
+from kvoracle.spec import liveness
 from kvoracle.spec.actions import (
     Allocate,
     CacheEvent,
@@ -162,19 +162,10 @@ class CacheMachine(RuleBasedStateMachine):
     def _check(self, name: str) -> CacheState | None:
         """The audit; returns the abstraction it judged (None: the engine has none)."""
         got = self.engine.abstract()
-        found = self._violations(got, self.view())
+        found = walk(None if got is None else of_cache(got), self.engine.invariants(), self.view())
         if found:
             raise PropertyViolated(name, found)
         return got
-
-    def _violations(self, got: CacheState | None, observed: View) -> list[Violation]:
-        """spec's properties on the abstraction, the engine's own checks, then what only
-        the observation shows (each ID once, from the most precise source)."""
-        found = invariants.check(of_cache(got)) if got is not None else []
-        for more in (self.engine.invariants(), invariants.check(observed)):
-            seen = {v.id for v in found}
-            found += [v for v in more if v.id not in seen]
-        return invariants.by_severity(found)
 
     def _pick(self, i: int) -> RequestId | None:
         if not self.live:

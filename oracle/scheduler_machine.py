@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle.audit import Audit
+from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import PropertyViolated, refused
-from kvoracle.spec import invariants, liveness, scheduler
+from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import EXITED, Status, System
@@ -146,21 +146,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         e, after = self.engine, self.view()
         now = e.statuses()
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
-        exit_found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
+        found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
-        found = exit_found + (self._audit(got, after) if self.audit.due() else [])
+        if self.audit.due():
+            found += walk(None if got is None else of_system(got), e.invariants(), after)
         if escaped is not None:  # storage or swap errors must never escape the scheduler
             found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
         return found + self._record(name, ticks, got)
-
-    def _audit(self, got: System | None, after: View) -> list[Violation]:
-        """spec's properties on the abstraction, the engine's own checks, then what only
-        the observation shows (each ID once, from the most precise source)."""
-        found = invariants.check(of_system(got)) if got is not None else []
-        for more in (self.engine.invariants(), invariants.check(after)):
-            seen = {v.id for v in found}
-            found += [v for v in more if v.id not in seen]
-        return invariants.by_severity(found)
 
     def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:
         """LIVE-TRANSFER on the checker's clock, and refinement: the record replays what

@@ -132,9 +132,14 @@ class Team:
                 self._ray.shutdown()
             return
         for pipe in self._pipes:
-            pipe.send(None)
+            try:
+                pipe.send(None)
+            except OSError:  # the worker died (killed for memory, say): its error is already raised
+                pass
         for process in self._processes:
-            process.join()
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
 
     def __enter__(self) -> Team:
         return self
@@ -144,7 +149,10 @@ class Team:
 
 
 def _answer(pipe: Any, method: str) -> Any:
-    ok, result = pipe.recv()
+    try:
+        ok, result = pipe.recv()
+    except EOFError as e:
+        raise RuntimeError(f"a worker died in {method} (killed for memory, say)") from e
     if not ok:
         raise RuntimeError(f"a worker failed in {method}:\n{result}")
     return result

@@ -33,7 +33,6 @@ from kvoracle.spec.invariants import Violation, check
 from kvoracle.spec.next import Next, Scope, Step, describe, evicts, exiting, init
 from kvoracle.spec.scheduler import Exit
 from kvoracle.spec.state import (
-    CacheState,
     Heap,
     Holding,
     Node,

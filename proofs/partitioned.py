@@ -52,7 +52,6 @@ class Round:
     frontier: int  # of which still to visit (the next depth)
     transitions: int = 0
     longest: int = 0  # the longest drain from a state visited this round
-    stored_bytes: int = 0
     violation: list[Violation] = field(default_factory=list)
     key: int = 0  # the state whose visit found the violation
     last_step: str | None = None  # the violating step, for a step property
@@ -96,8 +95,10 @@ class Partition:
                     self._route(k, key, nxt, names, outbound)
         done.outbound = [pickle.dumps(out, pickle.HIGHEST_PROTOCOL) if out else b"" for out in outbound]
         done.states, done.frontier = len(self.parents), len(self.frontier)
-        done.stored_bytes = _stored_bytes(self.parents, self.drains)
         return done
+
+    def stored_bytes(self) -> int:
+        return _stored_bytes(self.parents, self.drains)
 
     def _route(self, k: int, parent: int, nxt: System, names: tuple[_Names, _Names],
                outbound: list[list[Arrival]]) -> None:
@@ -136,8 +137,9 @@ def explore_partitioned(scope: Scope, mutation: str = "", max_states: int = 2_00
             states = sum(r.states for r in rounds)
 
             def report(found: list[Violation], trace: list[str], complete: bool = True) -> Report:
+                stored = sum(team.call("stored_bytes", [()] * partitions))
                 return Report(scope, mutation, states, transitions, time.perf_counter() - start, longest, found,
-                              trace, complete, sum(r.stored_bytes for r in rounds))
+                              trace, complete, stored)
 
             found = [r for r in rounds if r.violation]
             if found:  # a state violation's trace is one step shorter than a step violation's

@@ -1,7 +1,8 @@
 """The model check with its search split across workers (proofs.partitioned): the same
 states, transitions and longest drain as the single search; every mutated specification
 refuted with the same ID and a trace as short; the same on a local Ray cluster, whose
-workers are separate interpreters; and a state key that does not depend on the process."""
+workers are separate interpreters; a state key that does not depend on the process; and
+a worker that dies reported as such."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 
 import pytest
 
+from kvoracle.oracle.workers import Team
 from kvoracle.proofs.model_check import MUTATIONS, explore
 from kvoracle.proofs.obligations import MUTANT_SCOPE, QUICK_SCOPE
 from kvoracle.proofs.partitioned import explore_partitioned
@@ -86,3 +88,17 @@ def test_prove_splits_its_model_checks_and_refuses_partitions_with_workers() -> 
     assert done.returncode == 0 and "56 of 56 obligations hold" in done.stdout, done.stderr[-2000:]
     refused = subprocess.run([*prove, "--partitions", "2", "--workers", "2"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--partitions" in refused.stderr
+
+
+class Dies:
+    def __init__(self) -> None:
+        pass
+
+    def work(self) -> None:
+        os._exit(3)  # as the kernel's OOM killer would end it: no exception, no answer
+
+
+def test_a_worker_that_dies_is_reported_and_the_team_still_closes() -> None:
+    with pytest.raises(RuntimeError, match="a worker died in work"):
+        with Team(Dies, [(), ()]) as team:
+            team.call("work", [(), ()])
