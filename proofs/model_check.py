@@ -128,7 +128,7 @@ MUTATIONS: dict[str, type[Next]] = {
 # --- canonical encoding (symmetry reduction over block ids, transfer ids and time) -------------
 
 
-class _Names(dict[int, int]):
+class Names(dict[int, int]):
     """Block ids -> canonical names, given in order of first appearance (`names[b]`)."""
 
     def __missing__(self, b: int) -> int:
@@ -141,11 +141,11 @@ class _Names(dict[int, int]):
 _NONE = -1
 
 
-def _encode(s: System) -> tuple[tuple[object, ...], _Names, _Names]:
+def _encode(s: System) -> tuple[tuple[object, ...], Names, Names]:
     """s's canonical form, and the names it gave GPU and CPU blocks (which `relabel` reuses:
     one traversal serves both the key and the representative)."""
     c = s.cache
-    gpu, cpu = _Names(), _Names()
+    gpu, cpu = Names(), Names()
     g, k = gpu.__getitem__, cpu.__getitem__
     nodes = tuple([(h, _NONE if n.parent is None else n.parent, _tier(n.tier, g, k), n.refcount)
                    for h, n in sorted(c.nodes.items())])
@@ -162,7 +162,7 @@ def canonical(s: System) -> tuple[object, ...]:
     return _encode(s)[0]
 
 
-def _classify(s: System) -> tuple[int, tuple[_Names, _Names]]:
+def _classify(s: System) -> tuple[int, tuple[Names, Names]]:
     """s's key (its digest), and the names its canonical form gave its blocks."""
     form, gpu, cpu = _encode(s)
     return hash(form), (gpu, cpu)
@@ -195,7 +195,7 @@ def _transfer(t: Transfer, g: Callable[[int], int], c: Callable[[int], int]) -> 
     return ("p", _NONE if t.request is None else t.request, tuple((h, g(a)) for h, a in t.items))
 
 
-def relabel(s: System, names: tuple[_Names, _Names] | None = None) -> System:
+def relabel(s: System, names: tuple[Names, Names] | None = None) -> System:
     """The representative of s's class: blocks renamed as `canonical` names them (`names`:
     those `_encode` gave s, when the caller has them), free blocks after them, transfers
     renumbered densely, the clock at 0. Exploring representatives keeps the state space
@@ -279,7 +279,7 @@ class Report:
     violation: list[Violation]
     trace: list[str]
     complete: bool  # False when max_states cut the search short
-    stored_bytes: int = 0  # what the visited set and the drain memo hold at the end (_stored_bytes)
+    stored_bytes: int = 0  # what the visited set and the drain memo hold at the end (stored_bytes_of)
 
     @property
     def passed(self) -> bool:
@@ -298,12 +298,12 @@ def explore(scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             progress: Callable[[int, int], None] | None = None) -> Report:
     """Breadth-first search of every reachable state of the scope; stops at the first
     violation (whose trace is then a shortest one)."""
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _search(scope, mutation, max_states, progress)
 
 
 @contextmanager
-def _no_cycle_collection() -> Iterator[None]:
+def no_cycle_collection() -> Iterator[None]:
     """States are frozen dataclasses, tuples and dicts: the search builds no reference
     cycles, and the cycle collector would only rescan its ever larger frontier."""
     was_enabled = gc.isenabled()
@@ -328,7 +328,7 @@ def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[in
 
     def report(found: list[Violation], trace: list[str], complete: bool = True) -> Report:
         return Report(scope, mutation, len(parents), transitions, time.perf_counter() - start, longest, found,
-                      trace, complete, _stored_bytes(parents, drains))
+                      trace, complete, stored_bytes_of(parents, drains))
 
     while queue:
         key, s = queue.popleft()
@@ -360,7 +360,7 @@ class Visit:
 
     violation: list[Violation]
     drained: int = 0  # the steps spec's drain takes from the state to all-free
-    successors: list[tuple[int, tuple[_Names, _Names], System]] = field(default_factory=list)  # key, names, state
+    successors: list[tuple[int, tuple[Names, Names], System]] = field(default_factory=list)  # key, names, state
     last_step: str | None = None  # a step that violates a step property (LIVE-EXIT), described
     last_key: int = 0  # and the key of the state it reaches
 
@@ -451,7 +451,7 @@ def replay(model: Next, path: Sequence[int]) -> list[str]:
     return out
 
 
-def _stored_bytes(parents: dict[int, int | None], drains: dict[int, int]) -> int:
+def stored_bytes_of(parents: dict[int, int | None], drains: dict[int, int]) -> int:
     """The bytes of the two tables the search keeps for every state it visits: the dicts,
     and the key ints, once each (a drain key is often a visited state's, the same int)."""
     ints = {id(k): k for table in (parents, drains) for k in table}

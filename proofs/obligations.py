@@ -141,7 +141,7 @@ def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
     say = progress or (lambda _: None)
     start = time.perf_counter()
     scope, max_states, per_100 = SCOPES[scope_name]
-    search = Search(partitions, ray) if partitions > 1 else Search()
+    search = Search(partitions, ray)
     if partitions > 1:
         workers, ray = 1, None
     groups: list[tuple[str, Callable[[], list[Row]]]] = [

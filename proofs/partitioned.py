@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from kvoracle.oracle.workers import Team
 from kvoracle.proofs.model_check import (
     Report,
-    _Names,
-    _stored_bytes,
-    _no_cycle_collection,
+    Names,
+    stored_bytes_of,
+    no_cycle_collection,
     digest,
     key_path,
     model_of,
@@ -83,7 +83,7 @@ class Partition:
         todo, self.frontier = self.frontier, []
         outbound: list[list[Arrival]] = [[] for _ in range(self.count)]
         done = Round([], 0, 0)
-        with _no_cycle_collection():
+        with no_cycle_collection():
             for key, s in todo:
                 v = visit(self.model, s, key, self.drains, self.bound)
                 done.transitions += len(v.successors) + (v.last_step is not None)
@@ -98,9 +98,9 @@ class Partition:
         return done
 
     def stored_bytes(self) -> int:
-        return _stored_bytes(self.parents, self.drains)
+        return stored_bytes_of(self.parents, self.drains)
 
-    def _route(self, k: int, parent: int, nxt: System, names: tuple[_Names, _Names],
+    def _route(self, k: int, parent: int, nxt: System, names: tuple[Names, Names],
                outbound: list[list[Arrival]]) -> None:
         owner = k % self.count
         if owner == self.index:
