@@ -21,11 +21,11 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from kvoracle.proofs.frontier import Frontier
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import Evict, PreconditionError, SkipStale
 from kvoracle.spec.frozen import replace
@@ -321,7 +321,8 @@ def _search(scope: Scope, mutation: str, max_states: int, progress: Callable[[in
     first = relabel(init(scope))
     root = digest(first)
     parents: dict[int, int | None] = {root: None}  # each visited state's key -> its parent's
-    queue: deque[tuple[int, System]] = deque([(root, first)])  # each state with its key
+    queue: Frontier[tuple[int, System]] = Frontier()  # each state with its key
+    queue.append((root, first))
     drains: dict[int, int] = {}
     bound = liveness.drain_bound(scope.gpu_blocks, scope.cpu_blocks, scope.requests)
     transitions = longest = 0

@@ -18,7 +18,9 @@ T = TypeVar("T")
 
 def _copy_with(obj: T, /, **changes: object) -> T:
     new: T = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__, **changes)
+    fields = new.__dict__
+    fields.update(obj.__dict__)
+    fields.update(changes)
     return new
 
 

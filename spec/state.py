@@ -189,10 +189,15 @@ def cpu_evictable(s: CacheState, h: BlockHash) -> bool:
 def evictable_nodes(s: CacheState) -> tuple[list[BlockHash], list[BlockHash]]:
     """The nodes gpu_evictable and cpu_evictable hold for, from one look at each node's parent (not a
     search for children per node)."""
-    parents = {n.parent for n in s.nodes.values()}
-    gpu_parents = {n.parent for n in s.nodes.values() if gpu_side(n.tier)}  # of a child on the GPU side
+    nodes = s.nodes
+    parents: set[BlockHash | None] = set()
+    gpu_parents: set[BlockHash | None] = set()  # of a child on the GPU side
+    for n in nodes.values():
+        parents.add(n.parent)
+        if gpu_side(n.tier):
+            gpu_parents.add(n.parent)
     gpu, cpu = [], []
-    for h, n in s.nodes.items():
+    for h, n in nodes.items():
         t = n.tier
         if isinstance(t, OnGpu) and n.refcount == 0 and not s.gpu_pins.get(t.gpu) and h not in gpu_parents:
             gpu.append(h)
