@@ -76,6 +76,7 @@ class MemoryStorage:
 # The hash is inside the checksum so a file copied or renamed to another block's name is rejected.
 _MAGIC = b"KVB1"
 _HEADER = struct.Struct("<4sQ16s")
+HEADER_SIZE = _HEADER.size  # bytes before a file's payload
 _NAME = re.compile(r"[0-9a-f]{16}")
 _TMP_PREFIX = ".tmp-"
 

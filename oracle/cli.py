@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from kvoracle.kvcache.pool import BackendUnavailable, default_backend, make_pool
+from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
 from kvoracle.oracle.campaign import RunResult, readable, run_seeds
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
@@ -118,12 +118,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         targets = [t for t in targets if t.name == args.mutant or (t.name == "reference" and t.level == level)]
     if args.level != "all":
         targets = [t for t in targets if t.level == args.level]
-    if not (audit_option(args) and run_options(args)):
+    settings = settings_option(args, pool=True)
+    if settings is None:
         return 2
     seeds = list(range(args.seed, args.seed + args.seeds))
     tracker = coverage_tracker(args) if args.ray in (None, LOCAL) else None  # a remote node's paths are not ours
-    jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, args.fault_rate,
-                args.kv_backend or "", args.audit_every) for t in targets]
+    jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, settings)
+            for t in targets]
     rows = run_jobs(jobs, args.workers, tracker, args.ray)
     progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
@@ -145,25 +146,41 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True)
+class Settings:
+    """The campaign's process-wide options: the process that parses them sets them, and so
+    does every worker before its job (a Ray worker is a fresh process)."""
+
+    fault_rate: float = FAULT_RATE_DEFAULT
+    kv_backend: str = ""  # "": KV_BACKEND from the environment
+    audit_every: int = 1
+
+    def apply(self) -> None:
+        """Set them in this process; ValueError, with nothing set, when one is out of range."""
+        if not 0 <= self.fault_rate <= 1:
+            raise ValueError(f"--fault-rate must be in [0, 1], got {self.fault_rate}")
+        try:
+            audit.set_interval(self.audit_every)
+        except ValueError as e:
+            raise ValueError(f"--audit-every: {e}") from None
+        FAULT_RATE[0] = self.fault_rate
+        if self.kv_backend:
+            os.environ["KV_BACKEND"] = self.kv_backend
+
+
+@dataclass(frozen=True)
 class Job:
     target: Target
     seeds: list[int]
     examples: int
     steps: int
     measured: bool  # under coverage (the reference rows)
-    # the campaign's options a worker must set itself (a Ray worker is a fresh process)
-    fault_rate: float = FAULT_RATE_DEFAULT
-    kv_backend: str = ""
-    audit_every: int = 1
+    settings: Settings = Settings()
 
 
 def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
     """One target's campaign, and the branches it took when measured (in a worker process
     too: its coverage comes back as data, merged by the parent)."""
-    FAULT_RATE[0] = job.fault_rate
-    audit.set_interval(job.audit_every)
-    if job.kv_backend:
-        os.environ["KV_BACKEND"] = job.kv_backend
+    job.settings.apply()
     run = partial(run_target, job.target, job.seeds, job.examples, job.steps)
     if not job.measured:
         return run(), {}
@@ -225,31 +242,19 @@ def write_json(path: str, rows: Sequence[Row]) -> None:
     Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 
 
-def run_options(args: argparse.Namespace) -> bool:
-    """Set the campaign's fault rate and KV backend (the scheduler machine reads them);
-    False, with the reason printed, when either is unusable."""
-    if not 0 <= args.fault_rate <= 1:
-        print(f"kvoracle check: --fault-rate must be in [0, 1], got {args.fault_rate}", file=sys.stderr)
-        return False
-    FAULT_RATE[0] = args.fault_rate
-    if args.kv_backend:
-        os.environ["KV_BACKEND"] = args.kv_backend
+def settings_option(args: argparse.Namespace, pool: bool) -> Settings | None:
+    """The campaign's settings from the command line, set in this process (with `pool`, the
+    KV backend the scheduler machine will use is tried first); None, with the reason
+    printed and nothing set, when one is unusable."""
+    settings = Settings(args.fault_rate, args.kv_backend or "", args.audit_every)
     try:
-        make_pool(default_backend(), "cpu", 1, 2, 1, 8)
-    except BackendUnavailable as e:
+        if pool:
+            make_pool(settings.kv_backend or default_backend(), "cpu", 1, 2, 1, 8)
+        settings.apply()
+    except (ValueError, BackendUnavailable, UnknownBackend) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
-        return False
-    return True
-
-
-def audit_option(args: argparse.Namespace) -> bool:
-    """Set the machines' audit interval; False, with the reason printed, when it is unusable."""
-    try:
-        audit.set_interval(args.audit_every)
-    except ValueError as e:
-        print(f"kvoracle check: --audit-every: {e}", file=sys.stderr)
-        return False
-    return True
+        return None
+    return settings
 
 
 def print_unchecked(adapter: type) -> None:
@@ -292,7 +297,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
-    if not audit_option(args) or (scheduler and not run_options(args)):
+    if settings_option(args, pool=scheduler) is None:
         return 2
     label = str(getattr(adapter, "name"))
     try:

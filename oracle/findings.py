@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
+from kvoracle.oracle.scheduler_machine import drain_ticks
 from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated, refusal
 from kvoracle.spec import invariants, liveness
@@ -336,7 +337,7 @@ def _drained(adapter: Any, live: Mapping[str, int] | None) -> list[Violation]:
         for r, s in sorted(adapter.statuses().items()):
             if s.value not in ("finished", "aborted"):
                 adapter.abort(r, ())
-        for _ in range(adapter.timeout + 8):
+        for _ in range(drain_ticks(adapter.timeout)):
             adapter.evict_all()
             adapter.tick(1)
     elif hasattr(adapter, "evict_gpu"):  # the cache level

@@ -289,14 +289,18 @@ def scheduler_level_machine(adapter: object) -> type[SchedulerMachine]:
     return DiskMachine if hasattr(adapter, "damage_storage") else SchedulerMachine
 
 
+def drain_ticks(timeout: int) -> int:
+    """Ticks the drain may take: past the timeout and the latest fault's answer."""
+    return timeout + max(f.delay for f in FAULTS) + 2
+
+
 def drain(m: SchedulerMachine) -> None:
     """The drain LIVE-DRAIN judges: abort every request, let every transfer answer or time out, evict
     everything: all blocks free within a bounded number of ticks."""
     e = m.engine
     for r in sorted(r for r, s in e.statuses().items() if s not in EXITED):
         m._call("drain:abort", lambda: e.abort(r, ()), exiting=[r])
-    bound = e.timeout + max(f.delay for f in FAULTS) + 2
-    for _ in range(bound):
+    for _ in range(drain_ticks(e.timeout)):
         m._call("drain:evict", e.evict_all)
         if not m.bookkeeping or not liveness.drained(m.view(), len(e.transfers())):
             return  # bookkeeping off: the free lists are not judged, INV-CONTENT alone is

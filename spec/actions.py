@@ -66,7 +66,8 @@ class PreconditionError(Exception):
         self.reason = reason
 
 
-def _require(ok: bool, action: str, reason: str) -> None:
+def require(ok: bool, action: str, reason: str) -> None:
+    """The enabling condition of `action`: PreconditionError(action, reason) unless `ok`."""
     if not ok:
         raise PreconditionError(action, reason)
 
@@ -92,10 +93,10 @@ def _bump(pins: Mapping[K, int], k: K, by: int) -> dict[K, int]:
 
 
 def _take_free(free: tuple[K, ...], blocks: Sequence[K], action: str) -> tuple[K, ...]:
-    _require(len(set(blocks)) == len(blocks), action, f"blocks {list(blocks)} repeat")
+    require(len(set(blocks)) == len(blocks), action, f"blocks {list(blocks)} repeat")
     rest = list(free)
     for b in blocks:
-        _require(b in rest, action, f"block {b} is not free")
+        require(b in rest, action, f"block {b} is not free")
         rest.remove(b)
     return tuple(rest)
 
@@ -178,7 +179,7 @@ def match(
     len(swap_dests) nodes from CPU and prefetches the next len(prefetch_dests) blocks
     from storage. A node in transit is never matched (the match stops there)."""
     a = "match"
-    _require(r not in s.requests, a, f"request {r} already holds blocks")
+    require(r not in s.requests, a, f"request {r} already holds blocks")
     gpu_free = _take_free(s.gpu_free, [*swap_dests, *prefetch_dests], a)
     n_gpu = gpu_hits(s, hashes)
     path = list(hashes[:n_gpu])
@@ -187,10 +188,10 @@ def match(
     swaps: list[tuple[BlockHash, CpuBlock, GpuBlock]] = []
     for g in swap_dests:
         i = len(path)
-        _require(i < len(hashes), a, "more swap-in blocks than hashes")
+        require(i < len(hashes), a, "more swap-in blocks than hashes")
         h = hashes[i]
         n = nodes.get(h)
-        _require(
+        require(
             n is not None and isinstance(n.tier, OnCpu) and n.parent == (path[-1] if path else None),
             a,
             f"block {i} (hash {h:#x}) is not a CPU hit",
@@ -203,7 +204,7 @@ def match(
     fetches: list[tuple[BlockHash, GpuBlock]] = []
     for g in prefetch_dests:
         i = len(path) + len(fetches)
-        _require(i < len(hashes) and hashes[i] in s.stored, a, f"block {i} is not a storage hit")
+        require(i < len(hashes) and hashes[i] in s.stored, a, f"block {i} is not a storage hit")
         fetches.append((hashes[i], g))
     nodes = _adjust_ref(nodes, path, +1)
     out = replace(
@@ -227,7 +228,7 @@ def match(
 def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock]) -> CacheState:
     """Free blocks join the end of r's private blocks."""
     a = "allocate"
-    _require(r in s.requests, a, f"unknown request {r}")
+    require(r in s.requests, a, f"unknown request {r}")
     gpu_free = _take_free(s.gpu_free, blocks, a)
     held = s.requests[r]
     return replace(
@@ -251,11 +252,11 @@ def commit(s: CacheState, r: RequestId, hashes: Sequence[BlockHash]) -> CacheSta
     """r's full blocks named by `hashes` become tree nodes, in order, up to the first
     whose hash is already in the tree: that block and every later one stay private."""
     a = "commit"
-    _require(r in s.requests, a, f"unknown request {r}")
+    require(r in s.requests, a, f"unknown request {r}")
     held = s.requests[r]
-    _require(tuple(hashes[: len(held.path)]) == held.path, a, "hashes disagree with the matched path")
-    _require(len(hashes) <= len(held.path) + len(held.private), a, "more hashes than blocks")
-    _require(ready(s, r), a, f"request {r} still has blocks in flight")
+    require(tuple(hashes[: len(held.path)]) == held.path, a, "hashes disagree with the matched path")
+    require(len(hashes) <= len(held.path) + len(held.private), a, "more hashes than blocks")
+    require(ready(s, r), a, f"request {r} still has blocks in flight")
     path, private, nodes = list(held.path), list(held.private), dict(s.nodes)
     for h in hashes[len(held.path) :]:
         if h in nodes:
@@ -277,10 +278,10 @@ def release(
     private blocks become free, except those a transfer still needs, which that
     transfer adopts and frees when it completes."""
     a = "release"
-    _require(r in s.requests, a, f"unknown request {r}")
+    require(r in s.requests, a, f"unknown request {r}")
     listed = table(s, r)
-    _require(all(g in listed for _, g in writes), a, "a written block is not in the request's table")
-    _require(ready(s, r) or not writes, a, "cannot write blocks still being filled")
+    require(all(g in listed for _, g in writes), a, "a written block is not in the request's table")
+    require(ready(s, r) or not writes, a, "cannot write blocks still being filled")
     held = s.requests[r]
     gpu_pins = dict(s.gpu_pins)
     for _, g in writes:
@@ -302,7 +303,7 @@ def release(
             continue  # the prefetch already owns it and frees it when it ends
         if gpu_pins.get(g, 0):
             w = transfers.get(write_id)
-            _require(isinstance(w, StorageWrite), a, f"private block {g} is pinned by no write")
+            require(isinstance(w, StorageWrite), a, f"private block {g} is pinned by no write")
             assert isinstance(w, StorageWrite)
             transfers[write_id] = replace(w, adopted=w.adopted + (g,))
         else:
@@ -369,18 +370,18 @@ def evict(s: CacheState, steps: Sequence[EvictStep]) -> CacheState:
 
 def _evict_one(s: CacheState, step: EvictStep, swaps: list[tuple[BlockHash, GpuBlock, CpuBlock]]) -> CacheState:
     a, h = "evict", step.node
-    _require(h in s.nodes, a, f"unknown node {h:#x}")
+    require(h in s.nodes, a, f"unknown node {h:#x}")
     tier = s.nodes[h].tier
     on_cpu = isinstance(step, EvictCpu) or (isinstance(step, SkipStale) and step.tier is Tier.CPU)
     heap = s.cpu_heap if on_cpu else s.gpu_heap
-    _require(h in heap.entries, a, f"node {h:#x} has no entry in the {'CPU' if on_cpu else 'GPU'} heap")
+    require(h in heap.entries, a, f"node {h:#x} has no entry in the {'CPU' if on_cpu else 'GPU'} heap")
     if isinstance(step, SkipStale):
         evictable = cpu_evictable(s, h) if on_cpu else gpu_evictable(s, h)
-        _require(not evictable, a, f"node {h:#x} is evictable: its entry is not stale")
+        require(not evictable, a, f"node {h:#x} is evictable: its entry is not stale")
     elif isinstance(step, EvictCpu):
-        _require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
+        require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
     else:
-        _require(gpu_evictable(s, h), a, f"node {h:#x} is not evictable on GPU")
+        require(gpu_evictable(s, h), a, f"node {h:#x} is not evictable on GPU")
     popped = replace(s, cpu_heap=_popped(heap, h)) if on_cpu else replace(s, gpu_heap=_popped(heap, h))
     if isinstance(step, SkipStale):
         return popped
@@ -389,7 +390,7 @@ def _evict_one(s: CacheState, step: EvictStep, swaps: list[tuple[BlockHash, GpuB
         return replace(popped, nodes=_without(s.nodes, h), cpu_free=_give_free(s.cpu_free, [tier.cpu]))
     assert isinstance(tier, OnGpu)
     if isinstance(step, Drop):
-        _require(not _cpu_has_room(s), a, f"node {h:#x} dropped while the CPU tier has room")
+        require(not _cpu_has_room(s), a, f"node {h:#x} dropped while the CPU tier has room")
         return replace(popped, nodes=_without(s.nodes, h), gpu_free=_give_free(s.gpu_free, [tier.gpu]))
     swaps.append((h, tier.gpu, step.cpu))
     return replace(
@@ -408,10 +409,10 @@ def complete(s: CacheState, t: TransferId, outcome: Outcome) -> CacheState:
     """Transfer t ends with `outcome`. Every outcome unpins what t read and leaves each
     of its nodes in a consistent tier: the done items move, the failed ones stay put."""
     a = "complete"
-    _require(t in s.transfers, a, f"unknown transfer {t}")
+    require(t in s.transfers, a, f"unknown transfer {t}")
     tr = s.transfers[t]
     if isinstance(outcome, Partial):
-        _require(0 <= outcome.done <= len(tr.items), a, f"partial({outcome.done}) of {len(tr.items)} items")
+        require(0 <= outcome.done <= len(tr.items), a, f"partial({outcome.done}) of {len(tr.items)} items")
     done = succeeded(outcome, len(tr.items))
     s = replace(s, transfers=_without(s.transfers, t))
     if isinstance(tr, SwapOut):
@@ -490,7 +491,7 @@ def reset(s: CacheState) -> CacheState:
     """From quiescence (no live request): every transfer ends as a timeout, then the
     tree is emptied and every block is free. What storage holds survives."""
     a = "reset"
-    _require(not s.requests, a, f"requests {sorted(s.requests)} are live")
+    require(not s.requests, a, f"requests {sorted(s.requests)} are live")
     for t in sorted(s.transfers):
         s = complete(s, t, Timeout())
     return replace(

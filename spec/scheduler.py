@@ -15,18 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvoracle.spec import actions
-from kvoracle.spec.actions import Complete, Evict, PreconditionError, Reset
+from kvoracle.spec.actions import Complete, Evict, Reset, require
 from kvoracle.spec.frozen import replace
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.state import EXITED, QUEUED, CacheState, Request, Status, System, blocks_for
 from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
 
 EXITS = (Status.FINISHED, Status.ABORTED, Status.PREEMPTED)
-
-
-def _require(ok: bool, action: str, reason: str) -> None:
-    if not ok:
-        raise PreconditionError(action, reason)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -57,7 +52,7 @@ def _put(s: System, r: RequestId, q: Request) -> System:
 
 def _running(s: System, r: RequestId, a: str) -> Request:
     q = s.requests.get(r)
-    _require(q is not None and q.status is Status.RUNNING, a, f"request {r} is {q.status.value if q else 'unknown'}")
+    require(q is not None and q.status is Status.RUNNING, a, f"request {r} is {q.status.value if q else 'unknown'}")
     assert q is not None
     return q
 
@@ -68,10 +63,10 @@ def _running(s: System, r: RequestId, a: str) -> Request:
 def submit(s: System, r: RequestId, tokens: Sequence[int]) -> System:
     """A new request joins the waiting queue."""
     a = "submit"
-    _require(r not in s.requests, a, f"request {r} was submitted before")
-    _require(bool(tokens), a, f"request {r} has no tokens")
+    require(r not in s.requests, a, f"request {r} was submitted before")
+    require(bool(tokens), a, f"request {r} has no tokens")
     need = blocks_for(len(tokens) + 1, s.block_size)
-    _require(need <= s.cache.gpu_size, a, f"request {r} needs {need} blocks, the GPU has {s.cache.gpu_size}")
+    require(need <= s.cache.gpu_size, a, f"request {r} needs {need} blocks, the GPU has {s.cache.gpu_size}")
     return replace(s, requests={**s.requests, r: Request(Status.WAITING, tuple(tokens))})
 
 
@@ -82,7 +77,7 @@ def admit(s: System, r: RequestId, swap_dests: Sequence[GpuBlock] = (),
     a prefetch dest); what matched counts as computed. Its other blocks come by prefill."""
     a = "admit"
     q = s.requests.get(r)
-    _require(q is not None and q.status in QUEUED, a, f"request {r} is {q.status.value if q else 'unknown'}")
+    require(q is not None and q.status in QUEUED, a, f"request {r} is {q.status.value if q else 'unknown'}")
     assert q is not None
     want = hashes(s, r)
     cache = actions.match(s.cache, r, want, swap_dests, prefetch_dests)
@@ -97,11 +92,11 @@ def prefill(s: System, r: RequestId, tokens: int, blocks: Sequence[GpuBlock] = (
     table grown by the free `blocks`; the table must then cover every computed token."""
     a = "prefill"
     q = _running(s, r, a)
-    _require(0 < tokens <= len(q.tokens) - q.computed, a, f"a chunk of {tokens} tokens, "
+    require(0 < tokens <= len(q.tokens) - q.computed, a, f"a chunk of {tokens} tokens, "
                                                            f"{len(q.tokens) - q.computed} left to compute")
     cache = actions.allocate(s.cache, r, blocks)
     need = blocks_for(q.computed + tokens, s.block_size)
-    _require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
+    require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
                                                        f"{need} are computed")
     return _put(_with_cache(s, cache), r, replace(q, computed=q.computed + tokens))
 
@@ -110,11 +105,11 @@ def decode(s: System, r: RequestId, token: int, blocks: Sequence[GpuBlock] = ())
     """A ready, fully computed request appends one token, growing its table by `blocks`."""
     a = "decode"
     q = _running(s, r, a)
-    _require(q.computed == len(q.tokens), a, f"request {r} has {len(q.tokens) - q.computed} tokens to prefill")
-    _require(actions.ready(s.cache, r), a, f"request {r} still has blocks in flight")
+    require(q.computed == len(q.tokens), a, f"request {r} has {len(q.tokens) - q.computed} tokens to prefill")
+    require(actions.ready(s.cache, r), a, f"request {r} still has blocks in flight")
     cache = actions.allocate(s.cache, r, blocks)
     need = blocks_for(len(q.tokens) + 1, s.block_size)
-    _require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
+    require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
                                                        f"{need} are needed")
     return _put(_with_cache(s, cache), r, replace(q, tokens=q.tokens + (token,), computed=q.computed + 1))
 
@@ -123,7 +118,7 @@ def insert(s: System, r: RequestId, blocks: int) -> System:
     """r's first `blocks` full, computed blocks become tree nodes (actions.commit)."""
     a = "insert"
     q = _running(s, r, a)
-    _require(0 <= blocks <= q.computed // s.block_size, a, f"{blocks} blocks, {q.computed // s.block_size} computed")
+    require(0 <= blocks <= q.computed // s.block_size, a, f"{blocks} blocks, {q.computed // s.block_size} computed")
     return _with_cache(s, actions.commit(s.cache, r, hashes(s, r)[:blocks]))
 
 
@@ -132,10 +127,10 @@ def exit_request(s: System, r: RequestId, to: Status, writes: Sequence[tuple[Blo
     write, then release r's blocks whatever the write will do. A queued request may be
     aborted (it holds nothing)."""
     a = f"exit to {to.value}"
-    _require(to in EXITS, a, "not an exit status")
+    require(to in EXITS, a, "not an exit status")
     q = s.requests.get(r)
     status = q.status if q is not None else None
-    _require(status is Status.RUNNING or (to is Status.ABORTED and status in QUEUED), a, f"request {r} is {status}")
+    require(status is Status.RUNNING or (to is Status.ABORTED and status in QUEUED), a, f"request {r} is {status}")
     assert q is not None
     cache = actions.release(s.cache, r, writes) if r in s.cache.requests else s.cache
     return _put(_with_cache(s, cache), r, replace(q, status=to, computed=0))
@@ -153,14 +148,14 @@ def complete(s: System, t: TransferId, outcome: Outcome) -> System:
 
 def tick(s: System, ticks: int = 1) -> System:
     """Time passes."""
-    _require(ticks >= 0, "tick", f"{ticks} ticks")
+    require(ticks >= 0, "tick", f"{ticks} ticks")
     return replace(s, now=s.now + ticks)
 
 
 def reset(s: System) -> System:
     """From quiescence (no running request): actions.reset."""
     running = sorted(r for r, q in s.requests.items() if q.status is Status.RUNNING)
-    _require(not running, "reset", f"requests {running} are running")
+    require(not running, "reset", f"requests {running} are running")
     return _with_cache(s, actions.reset(s.cache))
 
 

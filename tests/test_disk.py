@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoracle.kvcache.storage import DirectoryStorage
+from kvoracle.kvcache.storage import HEADER_SIZE, DirectoryStorage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import run_seeds
 from kvoracle.oracle.disk import DAMAGE, Disk
@@ -94,7 +94,7 @@ class TrustingStorage(DirectoryStorage):
             blob = self._path(h).read_bytes()
         except OSError:
             return None
-        return blob[28:] if len(blob) >= 28 else None  # the header: magic 4, length 8, checksum 16 bytes
+        return blob[HEADER_SIZE:] if len(blob) >= HEADER_SIZE else None
 
 
 class TrustingOnDisk(ReferenceSchedulerOnDisk):

@@ -73,3 +73,25 @@ def test_the_campaign_options_reach_the_ray_workers(tmp_path: Path) -> None:
     on_ray = rows(tmp_path, "--fault-rate", "0", "--ray", LOCAL, mutant="leaky-admit")
     assert [r["faults"] for r in on_ray] == [0, 0]
     assert on_ray == rows(tmp_path, "--fault-rate", "0", mutant="leaky-admit")
+
+
+@pytest.mark.parametrize(("given", "env", "says"), [
+    (["--fault-rate", "2"], {}, "--fault-rate must be in [0, 1], got 2.0"),
+    (["--fault-rate", "0.9", "--audit-every", "0"], {}, "--audit-every"),
+    (["--audit-every", "0"], {}, "--audit-every: the audit interval must be at least 1 step, not 0"),
+    (["--fault-rate", "0.9"], {"KV_BACKEND": "tensorflow"}, "unknown KV backend 'tensorflow'"),
+])
+def test_unusable_campaign_settings_are_refused_and_nothing_is_set(
+        given: list[str], env: dict[str, str], says: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings every worker applies again (Settings.apply) are checked once, up front:
+    exit 2 with the reason, and the fault rate and audit interval this process had stand."""
+    from kvoracle.oracle import audit
+    from kvoracle.oracle.scheduler_machine import FAULT_RATE
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = (FAULT_RATE[0], audit.EVERY[0])
+    assert main(["check", "--level", "cache", "--no-coverage", *given]) == 2
+    assert says in capsys.readouterr().err
+    assert (FAULT_RATE[0], audit.EVERY[0]) == before

@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from kvoracle.kvcache.errors import KVCacheError
-
-if TYPE_CHECKING:  # paddle ships types; importing it costs a second, so only the checker does
-    pass
 from kvoracle.kvcache.pool.protocol import BACKENDS
 
 _INSTALL: Final[dict[str, str]] = {
