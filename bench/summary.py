@@ -18,9 +18,13 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import os
+import pickle
 import random
+import resource
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -64,12 +68,40 @@ def model_check(names: Sequence[str], max_states: int, partitions: Sequence[int]
             runs.append((", 2 partitions on a local Ray cluster", partial(
                 explore_partitioned, SCOPES[name], max_states=max_states, partitions=2, ray="local")))
         for how, run in runs:
-            r = run()
+            r, peak = in_child(run)
             done = "" if r.complete else f", cut at {max_states:,} states"
             rows.append((f"model check, {name} scope{how}", f"{r.rate:,.0f} states/s",
                          f"{r.states:,} states, {r.transitions:,} transitions in {r.seconds:.1f} s, "
-                         f"{r.bytes_per_state:,.0f} bytes/state{done}"))
+                         f"{r.bytes_per_state:,.0f} bytes/state stored, peak {peak / 2**20:,.0f} MB "
+                         f"in the largest process ({peak / r.states:,.0f} bytes/state){done}"))
     return rows
+
+
+def in_child(run: Callable[[], Report]) -> tuple[Report, int]:
+    """run() in a forked process: its report, and the peak resident bytes of the largest
+    process the search used (that process, or one of its workers)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send the report and the peaks back, and leave at once
+        os.close(read)
+        try:
+            report = run()
+            peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+            with os.fdopen(write, "wb") as out:
+                pickle.dump((report, peak * 1024), out)  # ru_maxrss is in KiB on Linux
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as got:
+            result: tuple[Report, int] = pickle.load(got)
+    except EOFError:
+        raise RuntimeError("the search failed in its own process (its traceback is above)") from None
+    finally:
+        os.waitpid(pid, 0)
+    return result
 
 
 class Unchecked(CacheMachine):

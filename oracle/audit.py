@@ -42,9 +42,13 @@ class Audit:
         return False
 
 
-def set_interval(every: int) -> None:
+def check_interval(every: int) -> None:
     if every < 1:
         raise ValueError(f"the audit interval must be at least 1 step, not {every}")
+
+
+def set_interval(every: int) -> None:
+    check_interval(every)
     EVERY[0] = every
 
 

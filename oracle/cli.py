@@ -154,14 +154,19 @@ class Settings:
     kv_backend: str = ""  # "": KV_BACKEND from the environment
     audit_every: int = 1
 
-    def apply(self) -> None:
-        """Set them in this process; ValueError, with nothing set, when one is out of range."""
+    def check(self) -> None:
+        """ValueError when one is out of range."""
         if not 0 <= self.fault_rate <= 1:
             raise ValueError(f"--fault-rate must be in [0, 1], got {self.fault_rate}")
         try:
-            audit.set_interval(self.audit_every)
+            audit.check_interval(self.audit_every)
         except ValueError as e:
             raise ValueError(f"--audit-every: {e}") from None
+
+    def apply(self) -> None:
+        """Set them in this process; ValueError, with nothing set, when one is out of range."""
+        self.check()
+        audit.set_interval(self.audit_every)
         FAULT_RATE[0] = self.fault_rate
         if self.kv_backend:
             os.environ["KV_BACKEND"] = self.kv_backend
@@ -243,13 +248,14 @@ def write_json(path: str, rows: Sequence[Row]) -> None:
 
 
 def settings_option(args: argparse.Namespace, pool: bool) -> Settings | None:
-    """The campaign's settings from the command line, set in this process (with `pool`, the
-    KV backend the scheduler machine will use is tried first); None, with the reason
-    printed and nothing set, when one is unusable."""
-    settings = Settings(args.fault_rate, args.kv_backend or "", args.audit_every)
+    """The campaign's settings from the command line, checked and then set in this process
+    (with `pool`, the KV backend the scheduler machine will use is named and tried
+    before); None, with the reason printed and nothing set, when one is unusable."""
     try:
-        if pool:
-            make_pool(settings.kv_backend or default_backend(), "cpu", 1, 2, 1, 8)
+        settings = Settings(args.fault_rate, args.kv_backend or (default_backend() if pool else ""), args.audit_every)
+        settings.check()
+        if pool:  # named, so that workers use it whatever their environment says
+            make_pool(settings.kv_backend, "cpu", 1, 2, 1, 8)
         settings.apply()
     except (ValueError, BackendUnavailable, UnknownBackend) as e:
         print(f"kvoracle check: {e}", file=sys.stderr)

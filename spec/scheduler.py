@@ -93,11 +93,11 @@ def prefill(s: System, r: RequestId, tokens: int, blocks: Sequence[GpuBlock] = (
     a = "prefill"
     q = _running(s, r, a)
     require(0 < tokens <= len(q.tokens) - q.computed, a, f"a chunk of {tokens} tokens, "
-                                                           f"{len(q.tokens) - q.computed} left to compute")
+                                                          f"{len(q.tokens) - q.computed} left to compute")
     cache = actions.allocate(s.cache, r, blocks)
     need = blocks_for(q.computed + tokens, s.block_size)
     require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
-                                                       f"{need} are computed")
+                                                      f"{need} are computed")
     return _put(_with_cache(s, cache), r, replace(q, computed=q.computed + tokens))
 
 
@@ -110,7 +110,7 @@ def decode(s: System, r: RequestId, token: int, blocks: Sequence[GpuBlock] = ())
     cache = actions.allocate(s.cache, r, blocks)
     need = blocks_for(len(q.tokens) + 1, s.block_size)
     require(len(actions.table(cache, r)) >= need, a, f"the table holds {len(actions.table(cache, r))} blocks, "
-                                                       f"{need} are needed")
+                                                      f"{need} are needed")
     return _put(_with_cache(s, cache), r, replace(q, tokens=q.tokens + (token,), computed=q.computed + 1))
 
 

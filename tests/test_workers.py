@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ def test_the_campaign_options_reach_the_ray_workers(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("given", "env", "says"), [
     (["--fault-rate", "2"], {}, "--fault-rate must be in [0, 1], got 2.0"),
     (["--fault-rate", "0.9", "--audit-every", "0"], {}, "--audit-every"),
+    (["--audit-every", "5", "--fault-rate", "2"], {}, "--fault-rate"),
+    (["--audit-every", "5", "--kv-backend", "cupy"], {}, "cupy"),
     (["--audit-every", "0"], {}, "--audit-every: the audit interval must be at least 1 step, not 0"),
     (["--fault-rate", "0.9"], {"KV_BACKEND": "tensorflow"}, "unknown KV backend 'tensorflow'"),
 ])
@@ -89,9 +92,12 @@ def test_unusable_campaign_settings_are_refused_and_nothing_is_set(
     from kvoracle.oracle import audit
     from kvoracle.oracle.scheduler_machine import FAULT_RATE
 
+    if "cupy" in given and importlib.util.find_spec("cupy") is not None:
+        pytest.skip("cupy is installed here: the backend is usable")
+    monkeypatch.delenv("KV_BACKEND", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    before = (FAULT_RATE[0], audit.EVERY[0])
+    before = (FAULT_RATE[0], audit.EVERY[0], os.environ.get("KV_BACKEND"))
     assert main(["check", "--level", "cache", "--no-coverage", *given]) == 2
     assert says in capsys.readouterr().err
-    assert (FAULT_RATE[0], audit.EVERY[0]) == before
+    assert (FAULT_RATE[0], audit.EVERY[0], os.environ.get("KV_BACKEND")) == before
