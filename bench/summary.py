@@ -1,6 +1,6 @@
 """Every speed figure of kvoracle in one table: the model checker (distinct states per
-second, bytes per stored state; one search in one process, then split across processes
-and across a local Ray cluster), each stateful machine with its audit after every step and
+second, bytes per stored state, the peak memory of its largest process; one search in
+one process, then split across processes and across a local Ray cluster), each stateful machine with its audit after every step and
 after every 10th (steps per second), the reference's bookkeeping per request next to
 each installed engine's, and the speed-up of a campaign on two worker processes. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
