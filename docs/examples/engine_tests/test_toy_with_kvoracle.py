@@ -17,4 +17,4 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # where toy_eng
 from toy_engine import ToyAdapter  # noqa: E402
 
 # The toy engine has a planted bug: this TestCase fails with INV-NO-UAF (see docs/engines.md).
-TestToyEngine = kvoracle.testing.engine_machine(ToyAdapter, settings=settings(max_examples=50, deadline=None)).TestCase
+TestToyEngine = kvoracle.testing.engine_machine(ToyAdapter, settings=settings(max_examples=100, deadline=None)).TestCase
