@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
@@ -185,6 +185,7 @@ class CacheMachine(RuleBasedStateMachine):
         if short > 0:
             self._evict(short)
 
+    @precondition(lambda m: len(m.live) < 4)
     @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans(), chunk=st.integers(0, 3),
           budget=st.integers(0, 2), cold=st.integers(0, 3))
     def admit(self, p: int, then: Outcome | None, prefill: bool, chunk: int, budget: int, cold: int) -> None:
@@ -238,6 +239,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._step("allocate", lambda: self.engine.allocate(r, n), lambda got: Allocate(r, got))
         self.live[r].placed += n
 
+    @precondition(lambda m: any(held.placed < held.blocks for held in m.live.values()))
     @rule(i=st.integers(0, 7), chunk=st.integers(1, 2), then_commit=st.booleans())
     def prefill(self, i: int, chunk: int, then_commit: bool) -> None:
         """The next chunk of a request's prompt: allocate its blocks (evicting if needed)."""
@@ -252,6 +254,7 @@ class CacheMachine(RuleBasedStateMachine):
         if then_commit and self.engine.ready(r):
             self.commit(i)
 
+    @precondition(lambda m: any(held.placed >= held.blocks for held in m.live.values()))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
     def grow(self, i: int, token: int) -> None:
         """Decode fills the last block: one more block."""
@@ -267,6 +270,7 @@ class CacheMachine(RuleBasedStateMachine):
         held.blocks += 1
         held.placed += 1
 
+    @precondition(lambda m: bool(m.live))
     @rule(i=st.integers(0, 7))
     def commit(self, i: int) -> None:
         """Index the request's full blocks; while a transfer still fills them, the commit
@@ -280,6 +284,7 @@ class CacheMachine(RuleBasedStateMachine):
         full = self._full(r)
         self._step("commit", lambda: self.engine.commit(r, full), lambda _: Commit(r, full.hashes))
 
+    @precondition(lambda m: bool(m.live))
     @rule(i=st.integers(0, 7), write=st.booleans())
     def release(self, i: int, write: bool) -> None:
         """finish / abort / preempt at cache level: optionally write, then release."""
@@ -315,6 +320,7 @@ class CacheMachine(RuleBasedStateMachine):
         if found:
             raise PropertyViolated("evict_gpu", found)
 
+    @precondition(lambda m: bool(m.engine.in_flight()))
     @rule(i=st.integers(0, 7), outcome=outcomes)
     def complete(self, i: int, outcome: Outcome) -> None:
         """Any in-flight transfer, in any order, with any outcome."""
@@ -334,6 +340,7 @@ class CacheMachine(RuleBasedStateMachine):
         tid = job.transfer
         self._step("complete", lambda: self.engine.complete(tid, outcome), lambda _: Complete(tid, outcome))
 
+    @precondition(lambda m: not m.live and m.engine.cached())
     @rule()
     def reset(self) -> None:
         if self.live or not self.engine.cached():

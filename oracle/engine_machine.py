@@ -109,6 +109,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     # --- rules -------------------------------------------------------------------------
 
+    @precondition(lambda self: len(self.live) < MAX_LIVE)
     @rule(p=st.integers(0, len(PROMPTS) - 1), chunks=st.integers(0, 2))
     def admit(self, p: int, chunks: int) -> None:
         """Admit a prompt; with Op.PREFILL, only its first `chunks` blocks (0: all of it)
@@ -124,7 +125,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.live[rid] = len(tokens)  # before the call: the check after it expects the request
         self._call("admit", lambda: self.adapter.admit(rid, tokens), undo=lambda: self._forget(rid))
 
-    @precondition(lambda self: self.supports(Op.PREFILL))
+    @precondition(lambda self: self.supports(Op.PREFILL) and any(self.prompts.get(r) for r in self.live))
     @rule(i=st.integers(0, 7), blocks=st.integers(1, 2))
     def prefill(self, i: int, blocks: int) -> None:
         """The next chunk of a request mid-prefill; the machine chooses whose and how much."""
@@ -142,7 +143,7 @@ class EngineMachine(RuleBasedStateMachine):
 
         self._call("prefill", lambda: self.adapter.prefill(rid, chunk), undo=undo)
 
-    @precondition(lambda self: self.supports(Op.GROW))
+    @precondition(lambda self: self.supports(Op.GROW) and not all(self.prompts.get(r) for r in self.live))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
     def grow(self, i: int, token: int) -> None:
         rid = self._pick(i)
@@ -152,6 +153,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.live[rid] += len(more)
         self._call("grow", lambda: self.adapter.grow(rid, more), undo=lambda: self._shrink(rid, len(more)))
 
+    @precondition(lambda self: bool(self.live))
     @rule(i=st.integers(0, 7))
     def finish(self, i: int) -> None:
         rid = self._pick(i)

@@ -337,7 +337,7 @@ def _drained(adapter: Any, live: Mapping[str, int] | None) -> list[Violation]:
         for r, s in sorted(adapter.statuses().items()):
             if s.value not in ("finished", "aborted"):
                 adapter.abort(r, ())
-        for _ in range(drain_ticks(adapter.timeout)):
+        for _ in range(drain_ticks(adapter)):
             adapter.evict_all()
             adapter.tick(1)
     elif hasattr(adapter, "evict_gpu"):  # the cache level

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.audit import Audit, walk
@@ -217,18 +217,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def schedule(self, f: tuple[Fault, ...]) -> None:
         self._call("schedule", lambda: self.engine.schedule(f))
 
+    @precondition(lambda m: bool(m.engine.running()))
     @rule(picks=st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True), f=faults)
     def finish(self, picks: list[int], f: tuple[Fault, ...]) -> None:
         batch = sorted({r for i in picks if (r := self._running(i)) is not None})
         if batch:
             self._call("finish", lambda: self.engine.finish(batch, f), exiting=batch)
 
+    @precondition(lambda m: bool(m.engine.running()))
     @rule(i=st.integers(0, 7), f=faults)
     def preempt(self, i: int, f: tuple[Fault, ...]) -> None:
         r = self._running(i)
         if r is not None:
             self._call("preempt", lambda: self.engine.preempt(r, f), exiting=[r])
 
+    @precondition(lambda m: any(s not in EXITED for s in m.engine.statuses().values()))
     @rule(i=st.integers(0, 7), f=faults)
     def abort(self, i: int, f: tuple[Fault, ...]) -> None:
         live = sorted(r for r, s in self.engine.statuses().items() if s not in EXITED)
@@ -289,9 +292,13 @@ def scheduler_level_machine(adapter: object) -> type[SchedulerMachine]:
     return DiskMachine if hasattr(adapter, "damage_storage") else SchedulerMachine
 
 
-def drain_ticks(timeout: int) -> int:
-    """Ticks the drain may take: past the timeout and the latest fault's answer."""
-    return timeout + max(f.delay for f in FAULTS) + 2
+def drain_ticks(engine: SchedulerAdapter) -> int:
+    """Ticks the drain may take: until every transfer has answered or timed out (past the
+    timeout and the latest fault's answer), then spec's drain bound. Each tick's evict_all
+    takes only the GPU's current leaves, and a leaf's parent goes a tick later, once its
+    swap-out has ended: one request's long chain takes a tick per block."""
+    answered = engine.timeout + max(f.delay for f in FAULTS)
+    return answered + liveness.drain_bound(engine.gpu_blocks, engine.cpu_blocks, len(engine.statuses()))
 
 
 def drain(m: SchedulerMachine) -> None:
@@ -300,7 +307,7 @@ def drain(m: SchedulerMachine) -> None:
     e = m.engine
     for r in sorted(r for r, s in e.statuses().items() if s not in EXITED):
         m._call("drain:abort", lambda: e.abort(r, ()), exiting=[r])
-    for _ in range(drain_ticks(e.timeout)):
+    for _ in range(drain_ticks(e)):
         m._call("drain:evict", e.evict_all)
         if not m.bookkeeping or not liveness.drained(m.view(), len(e.transfers())):
             return  # bookkeeping off: the free lists are not judged, INV-CONTENT alone is
