@@ -459,8 +459,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--repro-dir", metavar="DIR",
                    help="where reproduction files of findings are written: with --engine/--adapter (a Scripted "
                         f"adapter) always, default {REPRO_DIR}; for the reference and mutants only when given")
-    c.add_argument("--seeds", type=int, default=3,
-                   help="seeds per target; a mutant's run stops at its first kill (default 3)")
+    c.add_argument("--seeds", type=int, default=5,
+                   help="seeds per target; a mutant's run stops at its first kill (default 5)")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     c.add_argument("--examples", type=int, default=150, help="programs per seed (default 150)")
     c.add_argument("--steps", type=int, default=100, help="max steps per program (default 100)")

@@ -62,7 +62,7 @@ class BlackBoxScheduler(ReferenceScheduler):
 FIRST_ID = {
     "heap-drop": {"LIVE-EVICT"},
     "double-free": {"INV-CONSERVE"},
-    "double-unlock": {"INV-REFCOUNT"},
+    "double-unlock": {"INV-REFCOUNT", "INV-COUNTERS"},
     "counter-drift": {"INV-COUNTERS"},
     "cross-tier": {"INV-TIER", "INV-CONSERVE"},
     "duplicate-overwrite": {"INV-NO-UAF", "INV-CONSERVE", "LIVE-EXIT"},
