@@ -343,8 +343,6 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(lambda m: not m.live and m.engine.cached())
     @rule()
     def reset(self) -> None:
-        if self.live or not self.engine.cached():
-            return
         self._step("reset", self.engine.reset, lambda _: Reset())
 
     @rule(kind=st.sampled_from(CACHE_LEVEL))

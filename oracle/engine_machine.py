@@ -104,6 +104,10 @@ class EngineMachine(RuleBasedStateMachine):
     def _pick(self, i: int) -> str | None:
         return sorted(self.live)[i % len(self.live)] if self.live else None
 
+    def _pending(self) -> list[str]:
+        """The live requests with prompt chunks still to prefill, in order."""
+        return sorted(r for r in self.live if self.prompts.get(r))
+
     def supports(self, op: Op) -> bool:
         return op in self.adapter.operations
 
@@ -125,13 +129,11 @@ class EngineMachine(RuleBasedStateMachine):
         self.live[rid] = len(tokens)  # before the call: the check after it expects the request
         self._call("admit", lambda: self.adapter.admit(rid, tokens), undo=lambda: self._forget(rid))
 
-    @precondition(lambda self: self.supports(Op.PREFILL) and any(self.prompts.get(r) for r in self.live))
+    @precondition(lambda self: self.supports(Op.PREFILL) and bool(self._pending()))
     @rule(i=st.integers(0, 7), blocks=st.integers(1, 2))
     def prefill(self, i: int, blocks: int) -> None:
         """The next chunk of a request mid-prefill; the machine chooses whose and how much."""
-        pending = sorted(r for r in self.live if self.prompts.get(r))
-        if not pending:
-            return
+        pending = self._pending()
         rid = pending[i % len(pending)]
         chunk = self.prompts[rid][: blocks * self.adapter.block_size]
         self.prompts[rid] = self.prompts[rid][len(chunk):]
@@ -143,7 +145,7 @@ class EngineMachine(RuleBasedStateMachine):
 
         self._call("prefill", lambda: self.adapter.prefill(rid, chunk), undo=undo)
 
-    @precondition(lambda self: self.supports(Op.GROW) and not all(self.prompts.get(r) for r in self.live))
+    @precondition(lambda self: self.supports(Op.GROW) and len(self._pending()) < len(self.live))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
     def grow(self, i: int, token: int) -> None:
         rid = self._pick(i)

@@ -115,7 +115,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def view(self) -> View:
         e = self.engine
-        live = {request_name(r): 0 for r, s in e.statuses().items() if s not in EXITED}
+        live = {request_name(r): 0 for r in self._live()}
         return view_of(e.observe(), e.observe_cpu(), live, e.block_size)
 
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
@@ -189,6 +189,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         t.faults += now - self.injected
         self.injected = now
 
+    def _live(self) -> list[RequestId]:
+        """The requests that have not exited, in order."""
+        return sorted(r for r, s in self.engine.statuses().items() if s not in EXITED)
+
     def _running(self, i: int) -> RequestId | None:
         run = self.engine.running()
         return run[i % len(run)] if run else None
@@ -231,13 +235,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         if r is not None:
             self._call("preempt", lambda: self.engine.preempt(r, f), exiting=[r])
 
-    @precondition(lambda m: any(s not in EXITED for s in m.engine.statuses().values()))
+    @precondition(lambda m: bool(m._live()))
     @rule(i=st.integers(0, 7), f=faults)
     def abort(self, i: int, f: tuple[Fault, ...]) -> None:
-        live = sorted(r for r, s in self.engine.statuses().items() if s not in EXITED)
-        if live:
-            r = live[i % len(live)]
-            self._call("abort", lambda: self.engine.abort(r, f), exiting=[r])
+        live = self._live()
+        r = live[i % len(live)]
+        self._call("abort", lambda: self.engine.abort(r, f), exiting=[r])
 
     @rule(n=st.integers(1, 3), pressure=st.integers(0, 3))
     def tick(self, n: int, pressure: int) -> None:
@@ -305,7 +308,7 @@ def drain(m: SchedulerMachine) -> None:
     """The drain LIVE-DRAIN judges: abort every request, let every transfer answer or time out, evict
     everything: all blocks free within a bounded number of ticks."""
     e = m.engine
-    for r in sorted(r for r, s in e.statuses().items() if s not in EXITED):
+    for r in m._live():
         m._call("drain:abort", lambda: e.abort(r, ()), exiting=[r])
     for _ in range(drain_ticks(e)):
         m._call("drain:evict", e.evict_all)
