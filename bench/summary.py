@@ -1,7 +1,8 @@
 """Every speed figure of kvoracle in one table: the model checker (distinct states per
 second, bytes per stored state, the peak memory of its largest process; one search in
-one process, then split across processes and across a local Ray cluster), each stateful machine with its audit after every step and
-after every 10th (steps per second), the reference's bookkeeping per request next to
+one process, then split across processes and across a local Ray cluster; interpreted, and
+compiled by mypyc where a C compiler is found), each stateful machine with its audit after every step and
+after every 10th (steps per second), Hypothesis alone on the cache machine's rules, the reference's bookkeeping per request next to
 each installed engine's, and the speed-up of a campaign on two worker processes. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
 side in one run.
@@ -33,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
+from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
+
 from kvoracle.oracle import audit  # noqa: E402
 from kvoracle.oracle.cache_machine import CacheMachine, Tally  # noqa: E402
 from kvoracle.oracle.campaign import run_seeds  # noqa: E402
@@ -42,6 +45,7 @@ from kvoracle.oracle.engine_campaign import run_engine  # noqa: E402
 from kvoracle.oracle.engines import adapter_class  # noqa: E402
 from kvoracle.oracle.report import columns  # noqa: E402
 from kvoracle.oracle.targets import all_targets  # noqa: E402
+from kvoracle.proofs import compiled  # noqa: E402
 from kvoracle.proofs.model_check import Report, explore  # noqa: E402
 from kvoracle.proofs.partitioned import explore_partitioned  # noqa: E402
 from kvoracle.proofs.obligations import CI_SCOPE, DEEP_SCOPE  # noqa: E402
@@ -58,12 +62,24 @@ Row = tuple[str, str, str]  # what, figure, how it was measured
 
 def model_check(names: Sequence[str], max_states: int, partitions: Sequence[int], ray: bool) -> list[Row]:
     """Each scope's search in one process, then split across each count of `partitions`
-    (processes of this machine), and across 2 actors of a local Ray cluster (`ray`)."""
+    (processes of this machine), and across 2 actors of a local Ray cluster (`ray`); each
+    but the last also compiled by mypyc, where it builds (proofs/compiled.py)."""
     rows = []
+    try:
+        compiled.build(lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        compiled_too = True
+    except compiled.CompileError as e:
+        rows.append(("model check, compiled by mypyc", "-", str(e).splitlines()[0]))
+        compiled_too = False
     for name in names:
         runs: list[tuple[str, Callable[[], Report]]] = [("", partial(explore, SCOPES[name], max_states=max_states))]
+        if compiled_too:
+            runs.append((", compiled by mypyc", partial(compiled.search, SCOPES[name], max_states=max_states)))
         runs += [(f", {n} partitions", partial(explore_partitioned, SCOPES[name], max_states=max_states,
                                                partitions=n)) for n in partitions]
+        if compiled_too:
+            runs += [(f", {n} partitions, compiled by mypyc", partial(
+                compiled.search, SCOPES[name], max_states=max_states, partitions=n)) for n in partitions]
         if ray:
             runs.append((", 2 partitions on a local Ray cluster", partial(
                 explore_partitioned, SCOPES[name], max_states=max_states, partitions=2, ray="local")))
@@ -116,6 +132,22 @@ class Unchecked(CacheMachine):
         return None
 
 
+def rules_alone(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], Tally]:
+    """A machine with `machine`'s rules and their argument strategies, whose bodies only
+    count their calls. It reads the rules where Hypothesis's `@rule` leaves them (an
+    attribute of the decorated function; Hypothesis is pinned)."""
+    tally = Tally()
+    body: dict[str, object] = {"tally": tally}
+    for name in dir(machine):
+        found = getattr(getattr(machine, name), "hypothesis_stateful_rule", None)
+        if found is not None:
+            def count(self: RuleBasedStateMachine, **_: object) -> None:
+                tally.steps += 1
+            as_rule: Callable[..., Callable[[Callable[..., None]], object]] = rule  # with the strategies of `found`
+            body[name] = as_rule(**found.arguments)(count)
+    return type(f"{machine.__name__}RulesAlone", (RuleBasedStateMachine,), body), tally
+
+
 def machines(examples: int) -> list[Row]:
     """Each machine with its audit after every step, then after every 10th; and the cache
     machine with no check at all: what Hypothesis and the engine cost alone."""
@@ -133,6 +165,13 @@ def machines(examples: int) -> list[Row]:
     seconds, steps = time.perf_counter() - start, Unchecked.tally.steps
     rows.append(("cache machine, no check at all", f"{steps / seconds:,.0f} steps/s",
                  f"{steps:,} steps in {seconds:.1f} s: what Hypothesis and the engine cost alone"))
+    floor, tally = rules_alone(CacheMachine)
+    start = time.perf_counter()
+    run_seeds(floor, [0], examples=examples, steps=100)
+    seconds, steps = time.perf_counter() - start, tally.steps
+    rows.append(("cache machine's rules alone", f"{steps / seconds:,.0f} steps/s",
+                 f"{steps:,} steps in {seconds:.1f} s: Hypothesis drawing the same rules and arguments for bodies "
+                 "that do nothing (no engine, no preconditions): the ceiling of any machine built on it"))
     adapter = adapter_class("reference")
     for bad in (False, True):
         e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))

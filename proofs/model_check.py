@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvoracle.proofs.frontier import Frontier
 from kvoracle.spec import liveness
@@ -94,7 +95,7 @@ class _WriteRaiseSkipsRelease(Next):
     """FastDeploy PR 7807's bug: the storage write raised during the exit, and the code
     after it, which frees the request's blocks, never ran."""
 
-    on: tuple[str, ...] = ()
+    on: ClassVar[tuple[str, ...]] = ()  # the exits whose release is skipped
 
     def write_raises(self, s: System, r: object, to: object, writes: object) -> Step:
         step = super().write_raises(s, r, to, writes)  # type: ignore[arg-type]
@@ -112,11 +113,11 @@ class _WriteRaiseSkipsRelease(Next):
 
 
 class _WriteRaiseFinish(_WriteRaiseSkipsRelease):
-    on = ("finished",)
+    on: ClassVar[tuple[str, ...]] = ("finished",)
 
 
 class _WriteRaisePreempt(_WriteRaiseSkipsRelease):
-    on = ("preempted",)
+    on: ClassVar[tuple[str, ...]] = ("preempted",)
 
 
 MUTATIONS: dict[str, type[Next]] = {

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvoracle.oracle.workers import in_order
+from kvoracle.proofs import compiled
 from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, Report, explore
 from kvoracle.proofs.partitioned import explore_partitioned
 from kvoracle.spec.next import Scope
@@ -57,13 +58,17 @@ class Row:
 @dataclass(frozen=True)
 class Search:
     """Where each model check's search runs: in one process (partitions 1), or split
-    across `partitions` workers, processes here or Ray actors on the cluster at `ray`."""
+    across `partitions` workers, processes here or Ray actors on the cluster at `ray`;
+    `compiled`: compiled by mypyc, in a child process here (proofs/compiled.py)."""
 
     partitions: int = 1
     ray: str | None = None
+    compiled: bool = False
 
     def run(self, scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             progress: Callable[[int, int], None] | None = None) -> Report:
+        if self.compiled:
+            return compiled.search(scope, mutation, max_states, self.partitions, progress)
         if self.partitions > 1:
             return explore_partitioned(scope, mutation, max_states, self.partitions, self.ray, progress)
         return explore(scope, mutation, max_states, progress)
@@ -133,15 +138,20 @@ def uncovered(rows: list[Row]) -> list[str]:
 
 def run_all(scope_name: str = "ci", crosshair: bool = True, examples: int = 100,
             progress: Callable[[str], None] | None = None, workers: int = 1, ray: str | None = None,
-            partitions: int = 1) -> list[Row]:
+            partitions: int = 1, compiled_search: bool = False) -> list[Row]:
     """Every obligation at the named scope (SCOPES: quick, ci, deep), each group on one of
     `workers` processes (or on the Ray cluster at `ray`); the rows come back in the same
     order wherever they ran. partitions > 1: the groups run one after another, and each
-    model check's search is split across that many workers (on the cluster at `ray`)."""
+    model check's search is split across that many workers (on the cluster at `ray`).
+    compiled_search: the model checks run compiled by mypyc (built first, if need be)."""
     say = progress or (lambda _: None)
     start = time.perf_counter()
     scope, max_states, per_100 = SCOPES[scope_name]
-    search = Search(partitions, ray)
+    if compiled_search:
+        if ray is not None:
+            raise ValueError("the compiled search runs on this machine's processes, not on a Ray cluster")
+        compiled.build(say)
+    search = Search(partitions, ray, compiled_search)
     if partitions > 1:
         workers, ray = 1, None
     groups: list[tuple[str, Callable[[], list[Row]]]] = [

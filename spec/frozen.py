@@ -7,24 +7,51 @@ without calling `__init__` again: the actions build several states per step, and
 `dataclasses.replace` (field lookup, keyword call, a frozen `__setattr__` per field)
 was the model checker's largest cost. Spec's dataclasses have no `__post_init__`, no
 `init=False` fields and no `__slots__`, which is what makes the copy equivalent.
+
+Compiled by mypyc (`kvoracle prove --compiled`, proofs/compiled.py), spec's classes are
+native: their instances have no `__dict__`, and their `__init__` is compiled code, so
+the copy calls it with every field, positionally.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING, TypeVar
 
 T = TypeVar("T")
 
+# per class: None when its instances keep their fields in __dict__ (plain Python),
+# else its field names in __init__'s order (a class compiled by mypyc)
+_NATIVE_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...] | None:
+    """cls's field names if its instances have no __dict__ (mypyc-native), else None."""
+    try:
+        return _NATIVE_FIELDS[cls]
+    except KeyError:
+        names = None if "__dict__" in dir(cls) else tuple(f.name for f in fields(cls))
+        _NATIVE_FIELDS[cls] = names
+        return names
+
 
 def _copy_with(obj: T, /, **changes: object) -> T:
-    new: T = object.__new__(type(obj))
-    fields = new.__dict__
-    fields.update(obj.__dict__)
-    fields.update(changes)
+    cls = type(obj)
+    names = field_names(cls)
+    if names is not None:
+        return cls(*[changes[n] if n in changes else getattr(obj, n) for n in names])
+    new: T = object.__new__(cls)
+    state = new.__dict__
+    state.update(obj.__dict__)
+    state.update(changes)
     return new
 
 
-if TYPE_CHECKING:
+# True only to mypyc (proofs/compiled.py passes --always-true COMPILING): it compiles the
+# branch that runs, while mypy checks every call against dataclasses.replace
+COMPILING = False
+
+if TYPE_CHECKING and not COMPILING:
     from dataclasses import replace as replace
 else:
     replace = _copy_with

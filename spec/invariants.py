@@ -229,7 +229,7 @@ def inv_heap_sound(v: View) -> list[Violation]:
                 for n in sorted(t.findable - t.nodes)]
     out: list[Violation] = []
     for tier, heap in (("GPU", s.gpu_heap), ("CPU", s.cpu_heap)):
-        for h in sorted(heap.entries - s.nodes.keys()):
+        for h in sorted(heap.entries.difference(s.nodes)):
             out.append(Violation("INV-HEAP-SOUND", f"{tier} heap holds {node_name(h)}, not in the tree"))
         for h in sorted(heap.flagged - heap.entries):
             out.append(Violation("INV-HEAP-SOUND", f"{node_name(h)} is flagged in the {tier} heap but has no entry"))

@@ -1,0 +1,84 @@
+"""The model checker compiled by mypyc (proofs/compiled.py) is the same search: the same
+states, transitions and drains, the same verdicts, the same counterexamples."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvoracle.oracle.cli import main
+from kvoracle.proofs import compiled
+from kvoracle.proofs.model_check import MUTATIONS, Report, explore
+from kvoracle.proofs.obligations import MUTANT_SCOPE, QUICK_SCOPE
+from kvoracle.proofs.partitioned import explore_partitioned
+
+needs_a_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None or importlib.util.find_spec("mypyc") is None,
+    reason="the compiled search needs a C compiler and mypyc (the dev extra)")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVORACLE_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield compiled.build()
+
+
+def same_search(a: Report, b: Report) -> None:
+    assert (a.states, a.transitions, a.longest_drain, a.complete) == (b.states, b.transitions, b.longest_drain,
+                                                                      b.complete)
+    assert (a.violation, a.trace) == (b.violation, b.trace)
+
+
+@needs_a_compiler
+def test_the_build_compiles_spec_and_the_search(build: Path) -> None:
+    built = (build / "BUILT").read_text().split()
+    assert "kvoracle/spec/actions.py" in built and "kvoracle/proofs/model_check.py" in built
+    assert list((build / "kvoracle" / "spec").glob("actions.*.so"))
+
+
+@needs_a_compiler
+def test_a_second_build_of_the_same_sources_is_the_first(build: Path) -> None:
+    assert compiled.build() == build
+
+
+@needs_a_compiler
+def test_the_compiled_search_is_the_interpreted_one(build: Path) -> None:
+    seen: list[int] = []
+    got = compiled.search(QUICK_SCOPE, progress=lambda states, queued: seen.append(states))
+    assert type(got) is Report and got.passed and seen  # the report, and the progress on the way
+    same_search(explore(QUICK_SCOPE), got)
+
+
+@needs_a_compiler
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_the_compiled_search_refutes_each_mutant_with_the_same_trace(build: Path, mutation: str) -> None:
+    got = compiled.search(MUTANT_SCOPE, mutation)
+    assert got.violation
+    same_search(explore(MUTANT_SCOPE, mutation), got)
+
+
+@needs_a_compiler
+def test_the_compiled_partitioned_search_sends_compiled_states_between_workers(build: Path) -> None:
+    same_search(explore_partitioned(QUICK_SCOPE, partitions=2), compiled.search(QUICK_SCOPE, partitions=2))
+
+
+def test_prove_refuses_compiled_with_ray(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prove", "--compiled", "--ray", "local"]) == 2
+    assert "excludes --ray" in capsys.readouterr().err
+
+
+def test_the_cache_keeps_the_newest_builds(tmp_path: Path) -> None:
+    for i in range(5):
+        (tmp_path / f"build{i}").mkdir()
+        marker = tmp_path / f"build{i}" / "BUILT"
+        marker.write_text("")
+        os.utime(marker, (1_000_000 + i, 1_000_000 + i))
+    (tmp_path / "unfinished.tmp").mkdir()
+    compiled._prune(tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build2", "build3", "build4", "unfinished.tmp"]
