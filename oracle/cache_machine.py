@@ -42,6 +42,7 @@ from kvoracle.spec.actions import (
 )
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
+from kvoracle.spec.refinement import refines
 from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import Error, Ok, Outcome, Partial, RequestId, Timeout
 from kvoracle.spec.view import View, of_cache, request_name
@@ -146,8 +147,9 @@ class CacheMachine(RuleBasedStateMachine):
         except PreconditionError as e:
             raise PropertyViolated(name, [Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")])
         got = self.engine.abstract() if got is None else got
-        if got is not None and got != self.model:
-            raise PropertyViolated(name, [Violation("REFINEMENT", _diff(self.model, got))])
+        found = [] if got is None else refines(self.model, got)
+        if found:
+            raise PropertyViolated(name, found)
 
     def _count(self, name: str) -> None:
         t = type(self).tally
@@ -388,12 +390,3 @@ def drain(m: CacheMachine, bound: int) -> int:
         if not liveness.drained(m.view(), len(e.in_flight())):
             return rounds
     raise PropertyViolated("drain", liveness.drained(m.view(), len(e.in_flight())))
-
-
-def _diff(want: CacheState, got: CacheState) -> str:
-    parts = []
-    for f in want.__dataclass_fields__:
-        a, b = getattr(want, f), getattr(got, f)
-        if a != b:
-            parts.append(f"{f}: spec {a!r} / implementation {b!r}")
-    return "the engine's state differs from the specification's: " + "; ".join(parts)

@@ -32,6 +32,7 @@ from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
 from kvoracle.spec.invariants import Violation
+from kvoracle.spec.refinement import refines
 from kvoracle.spec.state import System
 from kvoracle.spec.types import Ok, RequestId
 from kvoracle.spec.view import View, of_cache, of_system, request_name
@@ -293,13 +294,7 @@ def _safety(adapter: Any, observed: View) -> list[Violation]:
 def _refines(adapter: Any, spec: str) -> list[Violation]:
     """REFINEMENT: the engine's abstraction is the state the specification reached."""
     want = eval(spec, {**vars(spec_state), **vars(spec_types)})  # the checker's record, as kvoracle printed it
-    if isinstance(want, System):
-        got = adapter.state()
-        same = (got.cache, got.requests) == (want.cache, want.requests)
-    else:
-        got = adapter.abstract()
-        same = got == want
-    return [] if same else [Violation("REFINEMENT", f"the engine's state is not the specification's: {got!r}")]
+    return refines(want, adapter.state() if isinstance(want, System) else adapter.abstract())
 
 
 def _evicted(before: View, after: View, need: int, raised: Exception | None) -> list[Violation]:

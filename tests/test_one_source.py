@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from kvoracle.oracle import findings
 from kvoracle.oracle.campaign import run_machine
 from kvoracle.oracle.mutants import by_name
 from kvoracle.oracle.targets import Target
 from kvoracle.oracle.trace import check_trace, read_lines
 from kvoracle.proofs.model_check import explore
 from kvoracle.proofs.obligations import MUTANT_SCOPE
-from kvoracle.spec import invariants
+from kvoracle.spec import invariants, refinement
+from kvoracle.spec.next import init
 from kvoracle.spec.properties import DEFINED_BY, PROPERTIES
+from kvoracle.spec.state import CacheState
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("spec", "kvcache", "scheduler", "oracle", "proofs")
@@ -76,3 +79,20 @@ def test_weakening_one_predicate_changes_every_checker_together(monkeypatch: pyt
     monkeypatch.setitem(invariants.SAFETY, "INV-HEAP-SOUND", lambda view: [])  # a test-only weakening
     weakened = heap_drop_verdicts()
     assert "INV-HEAP-SOUND" not in weakened and all(weakened), weakened
+
+
+def test_refinement_is_judged_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machines and the reproductions they write all compare states through
+    spec.refinement: a difference planted there reaches every one of them."""
+    monkeypatch.setattr(refinement, "differences", lambda want, got: ["planted"])  # a test-only strengthening
+    for level in ("cache", "scheduler"):
+        result = run_machine(Target("reference", level, None).machine(), seed_value=0, examples=5, steps=20)
+        assert result.first_id == "REFINEMENT" and "planted" in str(result.violation), (level, result.violation)
+    state = init(MUTANT_SCOPE).cache
+
+    class Abstracted:
+        def abstract(self) -> CacheState:
+            return state
+
+    assert [v.message for v in findings._refines(Abstracted(), repr(state))] == [
+        "the engine's state differs from the specification's: planted"]

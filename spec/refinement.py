@@ -1,0 +1,34 @@
+"""REFINEMENT: after each step, the implementation's abstraction is the state the
+specification reached by the same step. At the cache level that is the whole
+CacheState; at the scheduler level, the cache and the requests (the clock and the
+transfers' start times are the checker's own, not the engine's).
+
+The machines (oracle/cache_machine.py, oracle/scheduler_machine.py) and the
+reproductions they write (oracle/findings.py) all judge it here.
+"""
+
+from __future__ import annotations
+
+from kvoracle.spec.invariants import Violation
+from kvoracle.spec.state import CacheState, System
+
+
+def refines(want: CacheState | System, got: CacheState | System) -> list[Violation]:
+    """REFINEMENT: `got` (the engine's abstraction) is `want` (the specification's state)."""
+    parts = differences(want, got)
+    if not parts:
+        return []
+    return [Violation("REFINEMENT", "the engine's state differs from the specification's: " + "; ".join(parts))]
+
+
+def differences(want: CacheState | System, got: CacheState | System) -> list[str]:
+    """What REFINEMENT compares that differs, field by field, spec's value first."""
+    if isinstance(want, System) and isinstance(got, System):
+        requests = [f"request {r}: spec {want.requests.get(r)} / implementation {got.requests.get(r)}"
+                    for r in sorted(set(want.requests) | set(got.requests))
+                    if want.requests.get(r) != got.requests.get(r)]
+        return differences(want.cache, got.cache) + requests
+    if isinstance(want, CacheState) and isinstance(got, CacheState):
+        return [f"{f}: spec {getattr(want, f)!r} / implementation {getattr(got, f)!r}"
+                for f in want.__dataclass_fields__ if getattr(want, f) != getattr(got, f)]
+    return [f"the engine's abstraction is a {type(got).__name__}, the specification's state a {type(want).__name__}"]
