@@ -88,12 +88,15 @@ def build(say: Callable[[str], None] = lambda _: None) -> Path:
         (work / "kvoracle" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package / f, work / "kvoracle" / f)
     targets = sorted(str(p.relative_to(work)) for pattern in COMPILED for p in (work / "kvoracle").glob(pattern))
-    done = subprocess.run([sys.executable, "-m", "mypyc", "--always-true", "COMPILING", *targets],
-                          cwd=work, capture_output=True, text=True)
+    # a config of its own: mypy would otherwise look for one in the folders above the cache
+    # (a project's pyproject.toml, perhaps this repository's, which holds COMPILING false)
+    (work / "mypy.ini").write_text("[mypy]\n")
+    done = subprocess.run([sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", "--always-true", "COMPILING",
+                           *targets], cwd=work, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         shutil.rmtree(work, ignore_errors=True)
-        raise CompileError(f"mypyc failed (exit {done.returncode}; a C compiler is needed):\n{tail}")
+        raise CompileError(f"mypyc failed (exit {done.returncode}); the end of its output:\n{tail}")
     shutil.rmtree(work / "build", ignore_errors=True)  # the generated C: not needed to run
     (work / _DONE).write_text("\n".join(targets) + "\n")
     try:
