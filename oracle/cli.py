@@ -419,9 +419,8 @@ def record_trace(path: str, events: int, seed: int) -> None:
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
-
     from kvoracle.proofs.compiled import CompileError
+    from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
     if args.partitions < 1 or (args.partitions > 1 and args.workers > 1):
         print("kvoracle prove: --partitions must be at least 1, and excludes --workers", file=sys.stderr)
@@ -523,7 +522,7 @@ def parser() -> argparse.ArgumentParser:
                     help="split each model check's search across N workers (processes here, Ray actors with --ray); "
                          "the groups of obligations then run one after another")
     pr.add_argument("--compiled", action="store_true",
-                    help="run the model checks compiled by mypyc (about 1.5x the states per second; needs mypy, "
+                    help="run the model checks compiled by mypyc (about 1.4x the states per second; needs mypy, "
                          "the dev extra, and a C compiler; built once per version into $KVORACLE_CACHE, "
                          "else ~/.cache/kvoracle)")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
