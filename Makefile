@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test typecheck pytest wheel-check coverage mutation hunt bench prove prove-deep docs engines test-engines bench-engines clean
+.PHONY: run test typecheck pytest wheel-check coverage mutation hunt bench prove prove-deep docs engines test-engines test-engine-vllm test-engine-sglang bench-engines clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,11 @@ test: typecheck pytest wheel-check
 typecheck: $(STAMP)
 	$(BIN)/mypy kvoracle tests bench docs/examples
 
+# One pytest process per test file, as many at once as there are cores (tests/parallel.py;
+# JOBS=1 for one at a time, or `$(BIN)/pytest` for a single process).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/python tests/parallel.py --jobs $(JOBS)
 
 # The wheel as users install it: non-editable, in a fresh venv next to PyPI's `scheduler`,
 # run from outside the tree (kvoracle check, a quick prove, an engine-style test file).
@@ -90,10 +93,15 @@ engines: .venv-vllm/.kvoracle .venv-sglang/.kvoracle
 # campaign of each deep adapter under storage faults, which prints how its transfers ended
 # (vLLM's known finding: a store that never answers keeps its blocks, LIVE-TRANSFER).
 DEEP_CHECK = check --seeds 3 --examples 150
-test-engines: engines
+# The two engines are independent: `make -j2 -Otarget test-engines` runs them side by side.
+test-engines: test-engine-vllm test-engine-sglang
+
+test-engine-vllm: .venv-vllm/.kvoracle
 	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py tests/test_engine_vllm_connector.py tests/test_shadow_vllm.py
-	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py tests/test_engine_sglang_hicache.py tests/test_shadow_sglang.py
 	.venv-vllm/bin/kvoracle $(DEEP_CHECK) --adapter kvoracle.oracle.engines.vllm_connector:VllmConnector --expect LIVE-TRANSFER
+
+test-engine-sglang: .venv-sglang/.kvoracle
+	.venv-sglang/bin/pytest -q tests/test_engine_sglang.py tests/test_engine_sglang_hicache.py tests/test_shadow_sglang.py
 	.venv-sglang/bin/kvoracle $(DEEP_CHECK) --adapter kvoracle.oracle.engines.sglang_hicache:SglangHiCache
 
 # One table: the reference here, each engine in its environment (bench/engine_speed.py runs them).
