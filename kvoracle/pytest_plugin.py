@@ -39,6 +39,7 @@ class AdapterItem(pytest.Item):
         from hypothesis import seed as seeded
         from hypothesis.stateful import get_state_machine_test
 
+        from kvoracle.oracle.campaign import seed_alone
         from kvoracle.oracle.engines import load_adapter
         from kvoracle.testing import machine_for
 
@@ -46,7 +47,8 @@ class AdapterItem(pytest.Item):
         opt = self.config.getoption
         config = settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
                           deadline=None, database=None, suppress_health_check=list(HealthCheck))
-        seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+        with seed_alone():  # the same programs whatever the test session loaded
+            seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return Path(self.spec.rpartition(":")[0]), None, f"kvoracle machine on {self.spec}"

@@ -42,7 +42,7 @@ from kvoracle.spec.actions import (
 )
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.refinement import refines
+from kvoracle.spec.refinement import refines, reports_ready
 from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import Error, Ok, Outcome, Partial, RequestId, Timeout
 from kvoracle.spec.view import View, of_cache, request_name
@@ -169,6 +169,16 @@ class CacheMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, found)
         return got
 
+    def _ready(self, r: RequestId) -> bool:
+        """Whether nothing still fills r's table: the engine's answer, which must be spec's
+        on the record (REFINEMENT), so that a request the engine leaves waiting for ever
+        is a finding and not a bad call the machine declines to make."""
+        said = self.engine.ready(r)
+        found = reports_ready(self.model, r, said, len(self.engine.in_flight()))
+        if found:
+            raise PropertyViolated("ready", found)
+        return said
+
     def _pick(self, i: int) -> RequestId | None:
         if not self.live:
             return None
@@ -224,7 +234,7 @@ class CacheMachine(RuleBasedStateMachine):
         rest = blocks - self.live[r].placed
         self._allocate(r, rest if chunk == 0 else min(chunk, rest))
         self._settle(then)
-        if prefill and e.ready(r):
+        if prefill and self._ready(r):
             self.commit(len([x for x in self.live if x < r]))
 
     def _cool(self, settled: bool) -> None:
@@ -253,7 +263,7 @@ class CacheMachine(RuleBasedStateMachine):
         if self.engine.free_gpu() < n:
             return
         self._allocate(r, n)
-        if then_commit and self.engine.ready(r):
+        if then_commit and self._ready(r):
             self.commit(i)
 
     @precondition(lambda m: any(held.placed >= held.blocks for held in m.live.values()))
@@ -280,7 +290,7 @@ class CacheMachine(RuleBasedStateMachine):
         r = self._pick(i)
         if r is None:
             return
-        if not self.engine.ready(r):
+        if not self._ready(r):
             self.bad_input(BadInput.COMMIT_FILLING)
             return
         full = self._full(r)

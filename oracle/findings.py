@@ -32,7 +32,7 @@ from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.refinement import refines
+from kvoracle.spec.refinement import refines, reports_ready
 from kvoracle.spec.state import System
 from kvoracle.spec.types import Ok, RequestId
 from kvoracle.spec.view import View, of_cache, of_system, request_name
@@ -294,7 +294,13 @@ def _safety(adapter: Any, observed: View) -> list[Violation]:
 def _refines(adapter: Any, spec: str) -> list[Violation]:
     """REFINEMENT: the engine's abstraction is the state the specification reached."""
     want = eval(spec, {**vars(spec_state), **vars(spec_types)})  # the checker's record, as kvoracle printed it
-    return refines(want, adapter.state() if isinstance(want, System) else adapter.abstract())
+    if isinstance(want, System):
+        return refines(want, adapter.state())
+    found = refines(want, adapter.abstract())
+    if hasattr(adapter, "ready"):  # the tiered cache level: what it says of each request's fill too
+        in_flight = len(adapter.in_flight())
+        found += [v for r in sorted(want.requests) for v in reports_ready(want, r, adapter.ready(r), in_flight)]
+    return found
 
 
 def _evicted(before: View, after: View, need: int, raised: Exception | None) -> list[Violation]:

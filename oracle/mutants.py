@@ -13,10 +13,10 @@ from typing import Any
 
 from kvoracle.kvcache.allocator import BlockAllocator
 from kvoracle.kvcache.lru import LeafHeap
-from kvoracle.kvcache.manager import CacheManager, EvictReport, Holding, ReleaseReport
+from kvoracle.kvcache.manager import CacheManager, Completion, EvictReport, Holding, ReleaseReport
 from kvoracle.kvcache.faults import Reply
 from kvoracle.kvcache.errors import OutOfBlocks
-from kvoracle.kvcache.transfers import PrefetchJob, SwapOutJob, WriteJob
+from kvoracle.kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.state import Status
 from kvoracle.spec.types import Outcome, TransferId
@@ -144,6 +144,20 @@ class WedgedEviction(CacheManager):
         return super().evict_gpu(need)
 
 
+# --- 10: a fill that delivered nothing is waited for forever ------------------------------------
+
+
+class StuckFill(CacheManager):
+    """A swap-in or prefetch that ends with nothing delivered is not counted as ended."""
+
+    def complete(self, t: TransferId, outcome: Outcome) -> Completion:
+        ended = super().complete(t, outcome)
+        job = ended.job
+        if isinstance(job, SwapInJob | PrefetchJob) and job.request is not None and ended.done == 0:
+            self.requests[job.request].filling += 1  # still "filling", with nothing in flight
+        return ended
+
+
 CACHE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("heap-drop", 1, "Shared node popped from the LRU heap and dropped: FastDeploy's dropped heap node",
            "LeafHeap._drop_stale keeps the node's in_heap flag",
@@ -165,6 +179,9 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
            "on a hash collision commit frees the request's block but keeps it listed", frozenset({"INV-NO-UAF"}), RecycleListed),
     Mutant("wedged-eviction", 12, "A failed transfer leaves eviction wedged",
            "a failed swap-out is stored and re-raised by every later eviction", frozenset({"LIVE-EVICT"}), WedgedEviction),
+    Mutant("stuck-fill", 10, "A fill that delivered nothing is waited for forever",
+           "a swap-in or prefetch that fails outright leaves its request not ready, with nothing in flight",
+           frozenset({"REFINEMENT"}), StuckFill),
 )
 
 

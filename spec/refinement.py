@@ -9,8 +9,10 @@ reproductions they write (oracle/findings.py) all judge it here.
 
 from __future__ import annotations
 
+from kvoracle.spec.actions import ready
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState, System
+from kvoracle.spec.types import RequestId
 
 
 def refines(want: CacheState | System, got: CacheState | System) -> list[Violation]:
@@ -19,6 +21,21 @@ def refines(want: CacheState | System, got: CacheState | System) -> list[Violati
     if not parts:
         return []
     return [Violation("REFINEMENT", "the engine's state differs from the specification's: " + "; ".join(parts))]
+
+
+def reports_ready(want: CacheState | None, r: RequestId, said: bool, in_flight: int) -> list[Violation]:
+    """REFINEMENT of what the engine says of request r: it is ready (nothing still fills
+    its table) exactly when spec's `ready` holds on `want`. An engine that counts its
+    fills can disagree with its own structures: a fill that delivered nothing and left
+    the request waiting for ever shows here, and in no invariant. Without the state (an
+    engine that gives no abstraction) one case is still known: with no transfer in
+    flight, nothing can be filling r."""
+    expected = ready(want, r) if want is not None else True if in_flight == 0 else said
+    if said == expected:
+        return []
+    return [Violation("REFINEMENT", f"the engine says request {r} is {'' if said else 'not '}ready, with "
+                                   f"{in_flight} transfers in flight; by the specification it is "
+                                   f"{'' if expected else 'not '}ready")]
 
 
 def differences(want: CacheState | System, got: CacheState | System) -> list[str]:

@@ -73,6 +73,7 @@ FIRST_ID = {
     "write-raise-batch": {"LIVE-EXIT"},
     "leaky-admit": {"INV-REQUEST"},
     "no-timeout": {"LIVE-TRANSFER"},
+    "stuck-fill": {"REFINEMENT"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
     "recycle-listed-content": {"INV-CONTENT"},
 }

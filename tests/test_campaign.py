@@ -3,10 +3,13 @@ violations into "known" and the campaign goes on to find the new ones."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
+from kvoracle.oracle.cache_machine import Tally
+from kvoracle.oracle.campaign import run_machine
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
@@ -117,3 +120,27 @@ def test_a_refinement_finding_reproduces_against_the_checkers_record(tmp_path: P
                                      "kvoracle.oracle.engines.reference_cache:ReferenceCache")
     (tmp_path / "fixed.py").write_text(fixed)
     assert run_reproduction(tmp_path / "fixed.py") == ""  # the engine agrees with spec: only the adapter drifted
+
+
+def test_a_seed_draws_the_same_programs_whatever_modules_are_loaded(tmp_path: Path) -> None:
+    """Hypothesis draws, now and then, constants it reads from loaded local modules; a
+    campaign draws from its seed alone, so a checkout, the wheel and a test session with
+    other modules loaded run the same programs."""
+
+    def programs() -> tuple[int, dict[str, int], dict[str, int]]:
+        tally = Tally()
+        machine = type("Counted", (Target("reference", "scheduler", None).machine(),), {"tally": tally})
+        assert run_machine(machine, seed_value=0, examples=30, steps=100).passed
+        return tally.steps, tally.per_rule, tally.outcomes
+
+    before = programs()
+    planted = tmp_path / "kvoracle_planted_constants.py"  # a local module full of constants of every kind
+    planted.write_text("\n".join(f"I{k} = {7 ** k}\nF{k} = {k / 7!r}\nS{k} = 's{k}'\nB{k} = b'b{k}'"
+                                 for k in range(3, 40)) + "\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.import_module(planted.stem)
+        assert programs() == before
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(planted.stem, None)

@@ -5,13 +5,9 @@ caught by it."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis.internal.conjecture import providers
-from hypothesis.internal.constants_ast import Constants
 
 from kvoracle.kvcache.storage import HEADER_SIZE, DirectoryStorage
 from kvoracle.oracle.cache_machine import Tally
@@ -75,28 +71,11 @@ def test_a_dropped_disk_leaves_no_directory_behind() -> None:
     assert not root.exists() and not root.with_name(root.name + ".away").exists()
 
 
-@contextmanager
-def seed_alone() -> Iterator[None]:
-    """Hypothesis (6.170) now and then draws a constant it read from the source of a
-    loaded local module: which test files share this pytest process (tests/parallel.py
-    runs short files together) changed this campaign's programs, and whether any reached
-    a partial answer. Here the programs come from the seed alone."""
-    local = providers._get_local_constants
-    providers._get_local_constants = Constants
-    providers.CONSTANTS_CACHE.cache.clear()  # it holds the local constants each range admits
-    try:
-        yield
-    finally:
-        providers._get_local_constants = local
-        providers.CONSTANTS_CACHE.cache.clear()
-
-
 def campaign(adapter: type[ReferenceSchedulerOnDisk], examples: int) -> tuple[str, Tally]:
     tally = Tally()
     machine = type(f"Machine_{adapter.__name__}", (scheduler_level_machine(adapter),), {"make_adapter": adapter, "tally": tally})
     assert issubclass(machine, DiskMachine)
-    with seed_alone():
-        result = run_seeds(machine, [0], examples=examples, steps=100)
+    result = run_seeds(machine, [0], examples=examples, steps=100)
     return ("pass" if result.passed else result.first_id), tally
 
 
