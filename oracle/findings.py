@@ -292,7 +292,8 @@ def _safety(adapter: Any, observed: View) -> list[Violation]:
 
 
 def _refines(adapter: Any, spec: str) -> list[Violation]:
-    """REFINEMENT: the engine's abstraction is the state the specification reached."""
+    """REFINEMENT: the engine's abstraction is the state the specification reached, and at
+    the cache level what it says of each request's fill is spec's `ready` there."""
     want = eval(spec, {**vars(spec_state), **vars(spec_types)})  # the checker's record, as kvoracle printed it
     if isinstance(want, System):
         return refines(want, adapter.state())
