@@ -115,7 +115,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         level = next(t.level for t in targets if t.name == args.mutant)
-        targets = [t for t in targets if t.name == args.mutant or (t.name == "reference" and t.level == level)]
+        targets = [t for t in targets if t.name == args.mutant or (t.mutant is None and t.level == level)]
     if args.level != "all":
         targets = [t for t in targets if t.level == args.level]
     settings = settings_option(args, pool=True)
@@ -456,7 +456,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run a checking campaign against the reference and its mutants",
                        description="Runs the stateful machines against the reference (which must pass) and "
                                    "every mutant (each must be caught). Exit status 0 only when all are as expected.")
-    c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference)")
+    c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference rows of its level)")
     c.add_argument("--engine", choices=sorted(ENGINES),
                    help="check this engine through its adapter instead (valid input, then bad input too); "
                         "exit status 1 when a violation is found. docs/engines.md")

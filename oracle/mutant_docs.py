@@ -46,6 +46,8 @@ def render() -> str:
         r = kill(m)
         out += [f"## {m.name} (bug class {m.bug_class}, {m.level} level)", "", m.summary + ".", "",
                 f"- mutation: {m.mutation}", f"- killed by: {' or '.join(sorted(m.kills))}"]
+        if m.cpu_blocks is not None:
+            out += [f"- its machine's CPU tier: {m.cpu_blocks} block{'s' if m.cpu_blocks != 1 else ''}"]
         if r.violation is None:
             out += ["- **survived**", ""]
             continue

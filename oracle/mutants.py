@@ -34,6 +34,7 @@ class Mutant:
     cache_class: type[CacheManager] = CacheManager
     scheduler_class: type[ResourceManager] | None = None  # set: a scheduler-level mutant
     bookkeeping: bool = True  # False: the machine checks INV-CONTENT alone
+    cpu_blocks: int | None = None  # set: the cache machine's CPU tier has this many blocks
 
     @property
     def level(self) -> str:
@@ -50,6 +51,17 @@ class ForgetfulHeap(LeafHeap):
 
 class HeapDrop(CacheManager):
     heap_class = ForgetfulHeap
+
+
+class UntrackedParent(CacheManager):
+    """A leaf dropped by eviction leaves its parent a leaf, never offered to the GPU heap."""
+
+    def _drop(self, node: Node) -> None:
+        assert isinstance(node.tier, OnGpu)
+        g = node.tier.gpu
+        with self._tracking(node):  # the parent is left out of the tracking
+            self.tree.remove_leaf(node)
+        self.gpu.free([g])
 
 
 # --- 4: double free accepted -----------------------------------------------------------
@@ -162,6 +174,9 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("heap-drop", 1, "Shared node popped from the LRU heap and dropped: FastDeploy's dropped heap node",
            "LeafHeap._drop_stale keeps the node's in_heap flag",
            frozenset({"INV-HEAP-SOUND", "INV-HEAP-COMPLETE"}), HeapDrop),
+    Mutant("untracked-parent", 1, "A dropped leaf's parent, now a leaf itself, is never offered to the heap",
+           "CacheManager._drop tracks the dropped node but not its parent",
+           frozenset({"INV-HEAP-COMPLETE"}), UntrackedParent, cpu_blocks=1),
     Mutant("double-free", 4, "Double free accepted",
            "BlockAllocator.free skips validation", frozenset({"INV-CONSERVE"}), DoubleFreeAccepted),
     Mutant("double-unlock", 5, "Refcount underflow: unlocking twice",

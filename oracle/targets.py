@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine, Tally
-from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_cache import ReferenceCache, ReferenceCacheSmallCpu
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler, ReferenceSchedulerOnDisk
 from kvoracle.oracle.mutants import MUTANTS, Mutant
 from kvoracle.oracle.scheduler_machine import scheduler_level_machine
@@ -30,6 +30,8 @@ class Target:
             attrs["make_adapter"] = self.adapter
         elif self.level == "cache":
             parts: dict[str, object] = {} if m is None else {"cache_class": m.cache_class}
+            if m is not None and m.cpu_blocks is not None:
+                parts["cpu_blocks"] = m.cpu_blocks
             attrs["make_adapter"] = type(f"{cache_base.__name__}_{tag}", (cache_base,), parts)
         else:
             parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
@@ -40,9 +42,11 @@ class Target:
 
 
 def all_targets() -> list[Target]:
-    """The reference at each level first (the scheduler's also over a storage tier on
-    disk), then every mutant at its level."""
-    out = [Target("reference", "cache", None), Target("reference", "scheduler", None),
+    """The reference at each level first (the cache's also with a CPU tier of one block,
+    the scheduler's also over a storage tier on disk), then every mutant at its level."""
+    out = [Target("reference", "cache", None),
+           Target("reference-small-cpu", "cache", None, ReferenceCacheSmallCpu),
+           Target("reference", "scheduler", None),
            Target("reference-disk", "scheduler", None, ReferenceSchedulerOnDisk)]
     out += [Target(m.name, m.level, m) for m in MUTANTS]
     return out

@@ -61,6 +61,7 @@ class BlackBoxScheduler(ReferenceScheduler):
 # some values from loaded modules' constants), hence "or".
 FIRST_ID = {
     "heap-drop": {"LIVE-EVICT"},
+    "untracked-parent": {"INV-COUNTERS"},
     "double-free": {"INV-CONSERVE"},
     "double-unlock": {"INV-REFCOUNT", "INV-COUNTERS"},
     "counter-drift": {"INV-COUNTERS"},

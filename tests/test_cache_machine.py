@@ -3,10 +3,18 @@
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.campaign import run_machine
 from kvoracle.oracle.engine import CACHE_LEVEL
-from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_cache import ReferenceCache, ReferenceCacheSmallCpu
 from kvoracle.oracle.targets import Target, tally_of
+from kvoracle.spec.actions import Drop, EvictStep
 
 TestReferenceCache = CacheMachine.TestCase
+
+
+class SmallCpuMachine(CacheMachine):
+    make_adapter = ReferenceCacheSmallCpu
+
+
+TestReferenceCacheSmallCpu = SmallCpuMachine.TestCase
 
 
 def test_the_machine_draws_only_the_outcomes_an_engine_declares() -> None:
@@ -31,3 +39,21 @@ def test_every_bad_call_of_the_cache_level_is_made() -> None:
         assert run_machine(machine, seed_value=seed, examples=100, steps=60).passed
     made = set(tally_of(machine).per_rule)
     assert {kind.value for kind in CACHE_LEVEL} - made == set()
+
+
+def test_a_cpu_tier_of_one_block_makes_evictions_drop() -> None:
+    """The small-CPU row exists to reach the drop paths: its campaign passes, and its GPU
+    evictions drop leaves far more often than the three-block tier's."""
+    drops: dict[str, int] = {}
+
+    def counted(base: type[ReferenceCache]) -> type[ReferenceCache]:
+        def evict_gpu(self: ReferenceCache, n: int) -> tuple[EvictStep, ...]:
+            steps = base.evict_gpu(self, n)
+            drops[base.name] = drops.get(base.name, 0) + sum(isinstance(s, Drop) for s in steps)
+            return steps
+        return type("Counted", (base,), {"evict_gpu": evict_gpu})
+
+    for base in (ReferenceCache, ReferenceCacheSmallCpu):
+        machine = Target(base.name, "cache", None, counted(base)).machine()
+        assert run_machine(machine, seed_value=0, examples=60, steps=60).passed
+    assert drops.get("reference-small-cpu", 0) > 2 * drops.get("reference", 0)

@@ -238,3 +238,12 @@ class ReferenceCache(Scripted):
 
     def invariants(self) -> list[Violation]:
         return audit(self.cache)  # the machine evaluates spec/ on the abstraction and observations itself
+
+
+class ReferenceCacheSmallCpu(ReferenceCache):
+    """The reference with a CPU tier of one block: GPU evictions find it full of blocks in
+    transit and drop leaves often, so the paths a drop takes (a parent becoming a leaf
+    mid-eviction, a freed GPU block reused at once) are reached in a few steps."""
+
+    name = "reference-small-cpu"
+    cpu_blocks = 1
