@@ -238,6 +238,14 @@ def test_faulty_write_reports_short_backend_write() -> None:
     assert fs.write(BLOCKS[3:]) == (Answer(1, Error()),)  # the delayed answer tells the truth too
 
 
+def test_a_planned_partial_write_reports_what_the_backend_wrote() -> None:
+    """A partial fault plans 3 blocks; the backend (a full disk) takes 2: the answer says 2,
+    or the cache would count as stored a block that is not there."""
+    fs = FaultyStorage(ShortStorage(room=2), ScriptedFaults([Fault(FaultKind.PARTIAL, done=3)]))
+    assert fs.write(BLOCKS[:4]) == (Answer(0, Partial(2)),)
+    assert fs.backend.exists(H) == 2
+
+
 def test_backend_error_propagates() -> None:
     class Broken(MemoryStorage):
         def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:

@@ -125,16 +125,18 @@ class ReferenceScheduler(Scripted):
         return True
 
     def _bad_calls(self) -> dict[BadInput, Callable[[], str]]:
-        """The bad calls that apply in this state, as source text made when called."""
+        """The bad calls that apply in this state, as source text made when called. A bad
+        finish names every running request first: the whole batch must be refused, so
+        an engine that finishes the good ones before it meets the bad one is caught."""
         rm = self.rm
         ended = {s: [r for r, q in rm.requests.items() if q.status is s] for s in (Status.FINISHED, Status.ABORTED)}
         calls: dict[BadInput, Callable[[], str]] = {
-            BadInput.UNKNOWN_REQUEST: lambda: f"rm.finish([{NOBODY}])",
+            BadInput.UNKNOWN_REQUEST: lambda: f"rm.finish({[*rm.running, NOBODY]})",
             BadInput.TOO_LARGE: lambda: f"rm.submit({NOBODY}, [1] * {rm.cache.gpu.size * self.block_size})",
             BadInput.EMPTY: lambda: f"rm.submit({NOBODY}, [])",
         }
         if ended[Status.FINISHED]:
-            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish([{ended[Status.FINISHED][0]}])"
+            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish({[*rm.running, ended[Status.FINISHED][0]]})"
         if ended[Status.ABORTED]:
             calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({ended[Status.ABORTED][0]})"
         if rm.requests:
