@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
-from kvoracle.oracle.scheduler_machine import drain_ticks
+from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
 from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated, refusal
 from kvoracle.spec import invariants, liveness
@@ -41,7 +41,7 @@ _HEADER = "# kvoracle reproduction: {engine}, {id}"
 _HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)
 _REQUEST = re.compile(r"\brequest (r\d+)\b")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
-TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT")  # judged on the last call: the view before it is kept
+TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT")  # judged on the last call: the view before it is kept
 
 
 def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
@@ -104,7 +104,9 @@ def standalone(path: Path, failure: str, first_id: str) -> str:
 def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: PropertyViolated) -> dict[str, object]:
     """What the check needs from the checker's own record, not the engine's: the spec
     state it expected (REFINEMENT), when it saw each transfer start (LIVE-TRANSFER), what
-    the eviction asked for (LIVE-EVICT), the refusal the bad call needed (BAD-INPUT)."""
+    the eviction asked for (LIVE-EVICT), what the scheduling step's queue needed and the
+    steps in a row before it that stalled (LIVE-ADMIT), the refusal the bad call needed
+    (BAD-INPUT)."""
     pid, model = violation.first_id, getattr(state, "model", None)
     if pid == "REFINEMENT" and model is not None:
         return {"spec": repr(model)}
@@ -115,6 +117,9 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
             return {"started": started, "now": now, "timeout": getattr(adapter, "timeout", 0)}
     if pid == "LIVE-EVICT":
         return {"need": getattr(state, "asked", 1)}
+    if pid == "LIVE-ADMIT" and isinstance(state, SchedulerMachine):
+        needs, flying = state.admission
+        return {"needs": needs, "room": usable(state.engine), "in_flight": flying, "stalled": state.stalls[:-1]}
     refusals = getattr(adapter, "refusals", None)
     kind = violation.step.removeprefix("bad_input:")
     if pid == "BAD-INPUT" and isinstance(refusals, Mapping) and kind in {k.value for k in refusals}:
@@ -273,6 +278,10 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
         return [v for r in ev.requests for v in liveness.live_exit(ev.before, after, r)]
     if pid == "LIVE-EVICT":
         return _evicted(ev.before, after, ev.record.get("need", 1), ev.raised)
+    if pid == "LIVE-ADMIT":
+        r = ev.record
+        why = liveness.stall(ev.before, after, r["needs"], r["room"], (r["in_flight"], len(ev.adapter().transfers())))
+        return [] if why is None else liveness.live_admit([*r["stalled"], why])
     return _refused(ev.before, after, ev.raised, ev.record.get("refusal"))
 
 

@@ -289,6 +289,14 @@ class LateFree(ResourceManager):
         super()._deliver(t, outcome)
 
 
+# --- 13: admission that starves (beyond the design's twelve: the second blind run planted it) ---
+
+
+class StarvingAdmit(ResourceManager):
+    def _fits(self, need: int) -> bool:
+        return need < self.cache.gpu.num_free  # one block short: a request that needs all that is free waits
+
+
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
@@ -310,6 +318,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            frozenset({"INV-REQUEST", "LIVE-EXIT"}), scheduler_class=LeakyAdmit),
     Mutant("no-timeout", 10, "A transfer that never completes is waited for forever",
            "the scheduler's timeout never fires", frozenset({"LIVE-TRANSFER"}), scheduler_class=NoTimeout),
+    Mutant("starving-admit", 13, "Admission that starves: a request that needs every free block waits forever",
+           "admission asks for one block more than the request needs", frozenset({"LIVE-ADMIT"}),
+           scheduler_class=StarvingAdmit),
     Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
            "an answer for an ended transfer frees that transfer's blocks again",
            frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),

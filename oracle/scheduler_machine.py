@@ -32,7 +32,7 @@ from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.refinement import refines
-from kvoracle.spec.state import EXITED, Status, System
+from kvoracle.spec.state import EXITED, Status, System, blocks_for
 from kvoracle.spec.types import RequestId, describe
 from kvoracle.spec.view import View, of_system, request_name
 
@@ -84,14 +84,31 @@ def _faults(u: int) -> tuple[Fault, ...]:
 faults = st.integers(0, 2**32 - 1).map(_faults)
 
 
+def _widen(engine: SchedulerAdapter) -> int:
+    """Tokens per prompt token: prompts are written for blocks of 2 tokens."""
+    return max(1, engine.block_size // 2)
+
+
+def usable(engine: SchedulerAdapter) -> int:
+    """The GPU blocks the engine may give requests: its pool less its declared `reserve`."""
+    return engine.gpu_blocks - int(getattr(engine, "reserve", 0))
+
+
+def _room(engine: SchedulerAdapter) -> int:
+    """The longest prompt (in prompt tokens, before widening) the engine must accept and
+    admit: its tokens and its first decode token fill the usable GPU pool (spec's submit)."""
+    return (usable(engine) * engine.block_size - 1) // _widen(engine)
+
+
 def _family(prompts: Sequence[Sequence[int]], engine: SchedulerAdapter) -> tuple[tuple[int, ...], ...]:
     """An adapter's prompt family, checked: 1 to 12 prompts (the rule draws 0..11), each
     non-empty, of tokens >= 0, each fitting the GPU pool (a token is half a block)."""
     family = tuple(tuple(int(t) for t in q) for q in prompts)
-    room = engine.gpu_blocks * engine.block_size // max(1, engine.block_size // 2)
+    room = _room(engine)
     if not 0 < len(family) <= 12 or any(not q or min(q) < 0 or len(q) > room for q in family):
         raise ValueError(f"{engine.name}: prompts must be 1 to 12 non-empty tuples of tokens >= 0, each at most "
-                         f"{room} long (the GPU pool, a token half a block), not {prompts!r}")
+                         f"{room} long (with its first decode token, the GPU pool; a token half a block), "
+                         f"not {prompts!r}")
     return family
 
 
@@ -110,6 +127,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.injected = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
+        self.fresh: dict[str, int] = {}  # request -> its prompt's tokens, until first admitted
+        self.stalls: list[str] = []  # why each of the latest scheduling steps in a row stalled (LIVE-ADMIT)
+        self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
         self.audit = Audit()
 
     # --- checking -----------------------------------------------------------------------
@@ -120,12 +140,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         return view_of(e.observe(), e.observe_cpu(), live, e.block_size)
 
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
-              ticks: int = 0) -> None:
+              ticks: int = 0, admitting: bool = False) -> None:
         """Run one scheduler call; check every property after it: LIVE-EXIT first, on the
         requests it was to end (`exiting`) and on those it ended or preempted itself;
-        `ticks`: the time the call lets pass."""
+        `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
         self.mark = script_length(self.engine)
         before, statuses = self.view(), self.engine.statuses()
+        admission = self._admission_before() if admitting else None
         escaped: BaseException | None = None
         try:
             call()
@@ -133,9 +154,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             escaped = e
         self.clock += ticks
         self._count(name)
+        if self.fresh:  # a request seen out of the queue has been admitted
+            waiting = {request_name(r) for r in self.engine.waiting()}
+            self.fresh = {r: n for r, n in self.fresh.items() if r in waiting}
         found = self.engine.content()
         if self.bookkeeping:
             found = self._bookkeeping(name, before, statuses, exiting, escaped, ticks) + found
+            if admission is not None:
+                found += self._admitted(before, *admission)
+            elif self.engine.running():
+                self.stalls = []
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
@@ -177,6 +205,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             found += [Violation(v.id, f"after {name} {v.message}") for v in refines(model, got)]
         return found
 
+    def _admission_before(self) -> tuple[dict[str, int], int]:
+        """What LIVE-ADMIT needs from before a scheduling step: the blocks each queued
+        request needs (from the record, else the prompts of those never admitted) and
+        the transfers in flight."""
+        if self.model is not None:
+            return liveness.needs(self.model), len(self.engine.transfers())
+        size = self.engine.block_size
+        return {r: blocks_for(n + 1, size) for r, n in self.fresh.items()}, len(self.engine.transfers())
+
+    def _admitted(self, before: View, needs: dict[str, int], flying: int) -> list[Violation]:
+        """LIVE-ADMIT on the stalls of the latest scheduling steps in a row."""
+        self.admission = needs, flying
+        why = liveness.stall(before, self.view(), needs, usable(self.engine), (flying, len(self.engine.transfers())))
+        self.stalls = [] if why is None else [*self.stalls, why]
+        return liveness.live_admit(self.stalls)
+
     def _ended(self, outcome: str) -> None:
         ended = type(self).tally.outcomes
         ended[outcome] = ended.get(outcome, 0) + 1
@@ -199,27 +243,30 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # --- rules -----------------------------------------------------------------------------
 
-    @rule(p=st.integers(0, 11), tail=st.integers(0, 3))
+    @rule(p=st.integers(0, 12), tail=st.integers(0, 3))
     def submit(self, p: int, tail: int) -> None:
         """A prompt from the shared family (the adapter's `prompts`, else PROMPTS), then
-        `tail` own tokens (new blocks to write)."""
+        `tail` own tokens (new blocks to write); p = 12: the largest prompt the engine must
+        accept, the family's first filled up with own tokens (the boundary of submit and
+        of admission: it needs the whole GPU pool)."""
         if len(self.engine.running()) + len(self.engine.waiting()) >= 5:
             return
         r = RequestId(self.next_request)
         self.next_request += 1
         family = self.prompts
-        widen = max(1, self.engine.block_size // 2)  # prompts are written for blocks of 2 tokens
+        widen = _widen(self.engine)
         shared = family[p % len(family)]
         # own tokens, above the family: new blocks; no more than the GPU pool holds (a larger
         # prompt is a bad input, TOO_LARGE, and would wait at the head of the queue for ever)
-        tail = max(0, min(tail, self.engine.gpu_blocks * self.engine.block_size // widen - len(shared)))
+        tail = _room(self.engine) - len(shared) if p == 12 else min(tail, _room(self.engine) - len(shared))
         own = (r + 1 + max(max(q) for q in family),) * tail
         tokens = tuple(t for t in shared + own for _ in range(widen))
+        self.fresh[request_name(r)] = len(tokens)
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)
     def schedule(self, f: tuple[Fault, ...]) -> None:
-        self._call("schedule", lambda: self.engine.schedule(f))
+        self._call("schedule", lambda: self.engine.schedule(f), admitting=True)
 
     @precondition(lambda m: bool(m.engine.running()))
     @rule(picks=st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True), f=faults)

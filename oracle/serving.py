@@ -39,6 +39,10 @@ class SchedulerAdapter(Protocol):
     # need longer prompts or deeper shared prefixes than PROMPTS; a request appends up to
     # 3 own tokens. Absent: PROMPTS.
     # prompts: tuple[tuple[int, ...], ...]
+    # Optional: `reserve`, GPU blocks of the pool the engine never gives a request (vLLM's
+    # null block) or keeps free when it admits: the machine's prompts fit the rest, and
+    # LIVE-ADMIT asks an idle engine to admit those that fit there. Absent: 0.
+    # reserve: int
     # Optional too: `outcomes() -> Mapping[str, int]`, how the engine's transfers ended so
     # far ("ok", "error", "partial", "timeout"), for an engine that reports no events.
     # Optional: `damage_storage(how: str, i: int) -> None`, for an engine whose storage

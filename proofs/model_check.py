@@ -262,6 +262,21 @@ def state_violations(enabled: Sequence[Step], s: System, v: View) -> list[Violat
     return found
 
 
+def admit_violations(model: Next, enabled: Sequence[Step], s: System, v: View) -> list[Violation]:
+    """LIVE-ADMIT in state s: when it is idle and a request that fits waits (one the scope
+    still lets in), some enabled step admits a request, starts a transfer or frees a block;
+    if every step stalls, every run from s stalls for ever."""
+    flying, room, needs = len(s.cache.transfers), s.cache.gpu_size, liveness.needs(s, model.scope.admissions)
+    why = liveness.stall(v, v, needs, room, (flying, flying))
+    if why is None:
+        return []
+    for step in enabled:
+        nxt = model.apply(s, step)
+        if liveness.stall(v, of_system(nxt), needs, room, (flying, len(nxt.cache.transfers))) is None:
+            return []
+    return liveness.live_admit([why] * (liveness.ADMIT_GRACE + 1))
+
+
 def step_violations(step: Step, before: View, after: View) -> list[Violation]:
     return [v for r in exiting(step) for v in liveness.live_exit(before, after, request_name(r))]
 
@@ -377,7 +392,7 @@ def visit(model: Next, s: System, key: int, drains: dict[int, int], bound: int) 
     violation; the successors come with their keys and the names `relabel` needs."""
     view = of_system(s)
     enabled = list(model.enabled(s))
-    found = state_violations(enabled, s, view)
+    found = state_violations(enabled, s, view) or admit_violations(model, enabled, s, view)
     if found:
         return Visit(found)
     drained = _drain(s, key, drains, bound)

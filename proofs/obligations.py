@@ -25,7 +25,7 @@ CACHE_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "IN
                      "LIVE-DRAIN")
 SCHEDULER_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN",
                          "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS", "INV-REQUEST", "INV-CONTENT",
-                         "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-DRAIN")
+                         "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-ADMIT", "LIVE-DRAIN")
 ALL_IDS = tuple(PROPERTIES)
 # Storage and re-admission after preemption together (the scope the reference's exit paths need).
 CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)

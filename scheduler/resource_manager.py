@@ -203,7 +203,7 @@ class ResourceManager:
             if short <= 0 or not self._evict(short):
                 break
         need = blocks - self.cache.gpu_hits(hashes)
-        if need > self.cache.gpu.num_free:
+        if not self._fits(need):
             return False
         rep = self.cache.match(r, hashes, limit=need)
         self.cache.allocate(r, blocks - len(self.cache.table(r)))
@@ -211,6 +211,10 @@ class ResourceManager:
         self._fill(r, range(rep.hits, blocks))  # prefill what no tier had
         self._start_fills(r, rep)
         return True
+
+    def _fits(self, need: int) -> bool:
+        """The GPU can take `need` new blocks now."""
+        return need <= self.cache.gpu.num_free
 
     def _started_running(self, req: Request, blocks: int, rep: MatchReport) -> None:
         self.events.append(Admit(req.id, rep.swap_dests, rep.prefetch_dests))

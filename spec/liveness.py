@@ -9,6 +9,11 @@ LIVE-TRANSFER Fairness: time advances (ticks keep coming). Bounded form: no tran
 LIVE-EVICT    Fairness: none. Bounded form: one eviction call, when evictable nodes
               exist and it is asked for at least one block, evicts at least one, and
               does not raise.
+LIVE-ADMIT    Fairness: none. Bounded form: of the scheduling steps taken while no
+              request runs, no transfer is in flight and a queued request fits the GPU
+              pool, no more than ADMIT_GRACE in a row stall: each of the others admits
+              a request, starts a transfer or frees a GPU block (which an idle engine
+              can do only finitely often without admitting).
 LIVE-DRAIN    Fairness: every request can be ended, every transfer eventually
               answers, eviction runs. Bounded form: from the state at hand, the drain
               (abort every live request, complete every transfer, evict every
@@ -24,9 +29,9 @@ from typing import TypeVar
 from kvoracle.spec import scheduler
 from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SkipStale, SwapOutTo
 from kvoracle.spec.invariants import Violation, owners
-from kvoracle.spec.state import CacheState, Status, System, cpu_evictable, gpu_evictable
+from kvoracle.spec.state import QUEUED, CacheState, Status, System, blocks_for, cpu_evictable, gpu_evictable
 from kvoracle.spec.types import Ok, Tier
-from kvoracle.spec.view import FREE, View, of_system
+from kvoracle.spec.view import FREE, View, of_system, request_name
 
 K = TypeVar("K")
 
@@ -73,6 +78,48 @@ def live_evict(before: CacheState | None, evictable: int, need: int, steps: Sequ
     if any(isinstance(step, SwapOutTo | Drop) for step in steps):
         return []
     return [Violation("LIVE-EVICT", f"{evictable} evictable nodes exist but none was evicted")]
+
+
+ADMIT_GRACE = 1  # scheduling steps in a row that may stall before LIVE-ADMIT is broken
+
+
+def stall(before: View, after: View, needs: Mapping[str, int], room: int, in_flight: tuple[int, int]) -> str | None:
+    """Why a scheduling step stalled, or None: it started idle (no live request outside
+    the queue, no transfer in flight: `in_flight` counts them before and after) with
+    requests queued, each of which fits (`needs`: the GPU blocks its tokens and the next
+    one take, where known; `room`: the GPU blocks the engine may fill, its declared
+    reserve left out), so that whichever it picks first can run; and it admitted no
+    request, started no transfer and freed no GPU block."""
+    if before.live is None or before.queued is None or after.queued is None:
+        return None
+    if before.gpu.free is None or after.gpu.free is None or in_flight[0] or before.live - before.queued:
+        return None
+    queued = sorted(before.queued, key=lambda r: (len(r), r))
+    free = len(set(before.gpu.free))
+    if not queued or any(needs.get(r, room + 1) > room for r in queued):
+        return None
+    if in_flight[1] or before.queued - after.queued or len(set(after.gpu.free)) > free:
+        return None
+    waited = ", ".join(f"{r} ({needs[r]})" for r in queued)
+    return (f"no request ran and no transfer was in flight while {waited} waited, each fitting the {room} "
+            f"GPU blocks ({free} free): no request was admitted, no transfer started, no block came free")
+
+
+def live_admit(stalls: Sequence[str]) -> list[Violation]:
+    """LIVE-ADMIT: no more than ADMIT_GRACE scheduling steps in a row stall (`stalls`: why
+    each of the latest steps in a row did, oldest first; spec.liveness.stall). The grace
+    is for an engine that takes up at its next step what happened between steps (vLLM
+    admits nothing in the step that preempts)."""
+    if len(stalls) <= ADMIT_GRACE:
+        return []
+    return [Violation("LIVE-ADMIT", f"{len(stalls)} scheduling steps in a row stalled: {stalls[-1]}")]
+
+
+def needs(s: System, admissions: int | None = None) -> dict[str, int]:
+    """The GPU blocks each queued request's tokens and the next one take (LIVE-ADMIT);
+    `admissions`: only requests admitted fewer times (a model checker's scope)."""
+    return {request_name(r): blocks_for(len(q.tokens) + 1, s.block_size) for r, q in s.requests.items()
+            if q.status in QUEUED and (admissions is None or q.admissions < admissions)}
 
 
 def drained(v: View, in_flight: int = 0) -> list[Violation]:

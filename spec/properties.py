@@ -28,6 +28,7 @@ LIVENESS: dict[str, str] = {
     "LIVE-EXIT": "each exit path returns the request's blocks within that step or when its transfer ends",
     "LIVE-EVICT": "with evictable nodes, eviction makes progress and never raises",
     "LIVE-TRANSFER": "every transfer completes or times out within the timeout, on the checker's clock",
+    "LIVE-ADMIT": "with nothing running and nothing in flight, scheduling admits a request that fits, or makes room for it",
 }
 PROPERTIES: dict[str, str] = {**SAFETY, **LIVENESS}
 
@@ -39,4 +40,5 @@ DEFINED_BY: dict[str, Callable[..., object]] = {
     "LIVE-EXIT": liveness.live_exit,
     "LIVE-EVICT": liveness.live_evict,
     "LIVE-TRANSFER": liveness.live_transfer,
+    "LIVE-ADMIT": liveness.live_admit,
 }

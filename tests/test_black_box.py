@@ -75,6 +75,7 @@ FIRST_ID = {
     "leaky-admit": {"INV-REQUEST"},
     "no-timeout": {"LIVE-TRANSFER"},
     "stuck-fill": {"REFINEMENT"},
+    "starving-admit": {"LIVE-ADMIT"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
     "recycle-listed-content": {"INV-CONTENT"},
 }

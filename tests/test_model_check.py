@@ -3,14 +3,16 @@ exhaustively; chunked prefill and decode hold in a smaller scope; FastDeploy's b
 mutated specifications are refuted with short traces, under the same IDs the machines
 report; the symmetry reduction is sound."""
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
 from kvoracle.proofs.model_check import MUTATIONS, canonical, explore, relabel
 from kvoracle.proofs.obligations import CHUNKED_SCOPE, CI_SCOPE, MUTANT_SCOPE
-from kvoracle.spec.next import Next, Scope, init
-from kvoracle.spec.types import GpuBlock
+from kvoracle.spec.next import Next, Scope, Step, init
+from kvoracle.spec.state import System
+from kvoracle.spec.types import GpuBlock, RequestId
 
 
 def test_ci_scope_holds_exhaustively() -> None:
@@ -39,6 +41,23 @@ def test_fastdeploy_bug_models_are_refuted(mutant: str) -> None:
     assert report.violation[0].id == FIRST_ID[mutant]
     assert len(report.trace) <= 6
     print(f"\n{mutant}: {report.violation[0]}\n  " + "\n  ".join(report.trace))
+
+
+class KeepsASpareBlock(Next):
+    """Admission that keeps a block free beyond the one the first decoded token takes (a
+    reserve the specification does not allow for): a request that fits waits forever."""
+
+    def _admits(self, s: System, r: RequestId) -> Iterator[Step]:
+        if len(s.cache.gpu_free) > len(s.requests[r].tokens) + 1:  # block size 1: a block per token
+            yield from super()._admits(s, r)
+
+
+def test_an_admission_that_starves_is_refuted_by_live_admit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(MUTATIONS, "keeps-a-spare-block", KeepsASpareBlock)
+    scope = Scope(gpu_blocks=3, cpu_blocks=1, storage=False, requests=1, prompt_blocks=2, admissions=1)
+    assert explore(scope).passed  # the request (2 tokens, and 1 decoded) takes the whole pool
+    report = explore(scope, "keeps-a-spare-block")
+    assert [v.id for v in report.violation] == ["LIVE-ADMIT"] and report.trace == []  # idle from the start
 
 
 def test_canonical_key_ignores_block_names() -> None:

@@ -632,6 +632,7 @@ class VllmConnector(Scripted):
     name = "vllm-connector"
     block_size = 4
     gpu_blocks = 10  # vLLM's num_blocks: the null block and 9 usable
+    reserve = 1  # the null block: never a request's
     cpu_blocks = 0
     timeout = 8  # ticks; longer than the longest LATE delay the machine draws (6)
     max_tokens = 12  # a request stops by length after this many output tokens
