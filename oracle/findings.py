@@ -40,6 +40,7 @@ from kvoracle.spec.view import View, of_cache, of_system, request_name
 _HEADER = "# kvoracle reproduction: {engine}, {id}"
 _HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)
 _REQUEST = re.compile(r"\brequest (r\d+)\b")
+_RANK = re.compile(r"^\[rank\d+\]:\s?")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
 TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT")  # judged on the last call: the view before it is kept
 
@@ -380,7 +381,8 @@ def run_reproduction(path: Path) -> str:
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
     if done.returncode == 0:
         return ""
-    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    # a distributed engine's logger may prefix every line of stderr ("[rank0]: ", SGLang's)
+    lines = [_RANK.sub("", line) for line in done.stderr.strip().splitlines() if line.strip()]
     first = next((i for i, line in enumerate(lines) if line.startswith("AssertionError")), None)
     return lines[first] if first is not None else (lines[-1] if lines else f"exit status {done.returncode}")
 

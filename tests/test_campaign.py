@@ -144,3 +144,15 @@ def test_a_seed_draws_the_same_programs_whatever_modules_are_loaded(tmp_path: Pa
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(planted.stem, None)
+
+
+def test_a_reproduction_failure_is_read_through_an_engines_rank_prefix(tmp_path: Path) -> None:
+    """SGLang's logger prefixes every line of stderr with its rank: the failure is still
+    the assertion, so the reproduction confirms its ID."""
+    script = tmp_path / "repro.py"
+    script.write_text("import sys\n"
+                      "sys.stderr.write('[rank0]: Traceback (most recent call last):\\n')\n"
+                      "sys.stderr.write('[rank0]: AssertionError: INV-CONSERVE: CPU blocks [5] are on the free list twice\\n')\n"
+                      "sys.stderr.write('[rank0]:   INV-CONSERVE: CPU block 5 is owned by the free list, the free list\\n')\n"
+                      "sys.exit(1)\n")
+    assert run_reproduction(script) == "AssertionError: INV-CONSERVE: CPU blocks [5] are on the free list twice"

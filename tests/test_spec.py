@@ -25,7 +25,8 @@ from kvoracle.spec.state import (
     gpu_evictable,
     initial,
 )
-from kvoracle.spec.view import View, of_cache, true_counters
+from kvoracle.spec.liveness import ADMIT_GRACE, live_admit, stall
+from kvoracle.spec.view import TierView, View, of_cache, true_counters
 from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
@@ -461,3 +462,32 @@ def test_spec_replace_is_dataclasses_replace() -> None:
         assert all(f.init for f in dataclasses.fields(c)), c
     s = state.initial_system(4, 1, 2, 3)
     assert replace(s, now=5) == dataclasses.replace(s, now=5) and replace(s, now=5) is not s
+
+
+def _idle(free: tuple[int, ...], queued: frozenset[str] = frozenset({"r0"}), running: frozenset[str] = frozenset()) -> View:
+    return View(TierView("GPU", range(4), free=free), live=queued | running, queued=queued)
+
+
+def test_live_admit_allows_one_stalled_step_then_asks_for_progress() -> None:
+    idle = _idle((0, 1, 2, 3))
+    why = stall(idle, idle, {"r0": 4}, 4, (0, 0))  # r0 and its next token take the whole pool
+    assert why is not None and "r0 (4)" in why
+    assert ADMIT_GRACE == 1 and live_admit([why]) == []
+    assert [v.id for v in live_admit([why, why])] == ["LIVE-ADMIT"]
+
+
+def test_a_step_that_admits_starts_a_transfer_or_frees_a_block_does_not_stall() -> None:
+    idle, needs = _idle((0, 1)), {"r0": 2}
+    assert stall(idle, _idle((), queued=frozenset(), running=frozenset({"r0"})), needs, 4, (0, 0)) is None
+    assert stall(idle, idle, needs, 4, (0, 1)) is None  # a swap-out that makes room, a load
+    assert stall(idle, _idle((0, 1, 2)), needs, 4, (0, 0)) is None  # a drop
+
+
+def test_live_admit_asks_nothing_of_an_engine_that_is_busy_or_whose_queue_does_not_fit() -> None:
+    idle = _idle((0, 1, 2, 3), queued=frozenset({"r0", "r1"}))
+    assert stall(idle, idle, {"r0": 2, "r1": 5}, 4, (0, 0)) is None  # r1 never fits: a FIFO may wait behind it
+    assert stall(idle, idle, {"r0": 2}, 4, (0, 0)) is None  # r1's need is unknown
+    assert stall(idle, idle, {"r0": 2, "r1": 2}, 3, (0, 0)) is not None
+    busy = _idle((0, 1), running=frozenset({"r2"}))
+    assert stall(busy, busy, {"r0": 2}, 4, (0, 0)) is None
+    assert stall(idle, idle, {"r0": 2, "r1": 2}, 4, (1, 1)) is None  # a transfer in flight
