@@ -240,6 +240,22 @@ def test_lru_requeues_a_node_used_after_push_at_its_new_age() -> None:
     assert heap.pop_evictable(always, []) is a
 
 
+def test_lru_order_counts_a_release_as_a_use() -> None:
+    """The reference's choice (spec/ leaves which evictable node goes first open): a
+    prefix is used when a request releases it, not only when one takes it. B, taken
+    after A but released before it, is evicted first."""
+    cache = CacheManager(4, 0)
+    a, b = block_hashes([1, 1], 2), block_hashes([3, 3], 2)
+    for r, hashes in ((R0, a), (R1, b)):
+        cache.match(r, hashes)
+        cache.allocate(r, 1)
+        cache.commit(r, hashes)
+    cache.release(R1)
+    cache.release(R0)
+    assert cache.evict_gpu(1).steps == (Drop(b[0]),)
+    ok(cache)
+
+
 def test_dead_node_is_never_popped() -> None:
     (a,) = leaves(1)
     heap = LeafHeap(GPU)
