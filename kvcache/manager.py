@@ -43,6 +43,8 @@ from kvoracle.spec.types import (
     succeeded,
 )
 
+_LISTED = (OnGpu, SwappingIn, SwappingOut)  # tiers a table lists; a tuple is isinstance's fast path
+
 
 @dataclass
 class Holding:
@@ -90,8 +92,10 @@ class _Tracking:
 
     def __init__(self, manager: CacheManager, nodes: tuple[Node | None, ...]) -> None:
         self.manager = manager
-        watched = {id(n): n for n in nodes if n is not None and not n.is_root}.values()
-        self.before = [(n, manager.is_gpu_evictable(n), manager.is_cpu_evictable(n)) for n in watched]
+        self.before: list[tuple[Node, bool, bool]] = []
+        for n in nodes:  # one or two nodes: a scan beats a set
+            if n is not None and not n.is_root and all(n is not seen for seen, _, _ in self.before):
+                self.before.append((n, manager.is_gpu_evictable(n), manager.is_cpu_evictable(n)))
 
     def __enter__(self) -> None:
         return None
@@ -101,8 +105,12 @@ class _Tracking:
             return
         m = self.manager
         for n, was_gpu, was_cpu in self.before:
-            m._settle(n, GPU, was_gpu, n.alive and m.is_gpu_evictable(n))
-            m._settle(n, CPU, was_cpu, n.alive and m.is_cpu_evictable(n))
+            now_gpu = n.alive and m.is_gpu_evictable(n)
+            if now_gpu != was_gpu:
+                m._settle(n, GPU, was_gpu, now_gpu)
+            now_cpu = n.alive and m.is_cpu_evictable(n)
+            if now_cpu != was_cpu:
+                m._settle(n, CPU, was_cpu, now_cpu)
 
 
 class CacheManager:
@@ -229,11 +237,12 @@ class CacheManager:
         GPU evictability only, so the GPU counter and heap are all that can change (one
         pass for a whole path: this is the hot path of match and release)."""
         evictable = self.is_gpu_evictable
-        was = [evictable(n) for n in nodes]
+        # only a refcount that leaves or reaches 0 can change evictability
+        crossing = [(n, evictable(n)) for n in nodes if n.refcount == 0 or n.refcount == -by]
         for n in nodes:
             n.refcount += by
             n.last_access = now
-        for n, before in zip(nodes, was):
+        for n, before in crossing:
             after = n.alive and evictable(n)
             if after != before:
                 self._settle(n, GPU, before, after)
@@ -277,7 +286,7 @@ class CacheManager:
         held = self._holding(r)
         listed: list[GpuBlock] = []
         for n in held.path:
-            assert isinstance(n.tier, OnGpu | SwappingIn | SwappingOut)
+            assert isinstance(n.tier, _LISTED)
             listed.append(n.tier.gpu)
         return listed + held.private
 
@@ -285,7 +294,7 @@ class CacheManager:
         """r's leading full blocks named by `hashes` become tree nodes, up to the first
         hash already cached; returns how many new nodes were made."""
         held = self._holding(r)
-        if any(n.hash != h for n, h in zip(held.path, hashes)) or len(hashes) < len(held.path):
+        if [n.hash for n in held.path] != list(hashes[: len(held.path)]):
             raise HashMismatch(r, "hashes disagree with the matched path")
         if len(hashes) > len(held.path) + len(held.private):
             raise HashMismatch(r, f"{len(hashes)} hashes for {len(held.path) + len(held.private)} blocks")

@@ -4,7 +4,7 @@ An engine that cannot be driven from Python writes one; `kvoracle check-trace FI
 replays it through spec/'s actions and reports the first violation with the shortest
 prefix of the trace that shows it. The format is documented in docs/trace.md.
 
-    line 1   {"format": "kvoracle-trace", "version": 2, "level": "cache"|"scheduler", ...}
+    line 1   {"format": "kvoracle-trace", "version": 3, "level": "cache"|"scheduler", ...}
     then     one event per line: {"op": ..., <arguments>, "observe": {...}?}
 
 A cache-level trace carries the cache's actions (match, allocate, commit, release,
@@ -63,7 +63,7 @@ from kvoracle.spec.types import (
 )
 from kvoracle.spec.view import View, of_cache, request_name, true_counters
 
-FORMAT, VERSION = "kvoracle-trace", 2
+FORMAT, VERSION = "kvoracle-trace", 3
 Json = dict[str, object]
 
 
@@ -260,10 +260,14 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
     if not lines:
         raise TraceFormatError(1, "empty trace")
     head = _parse(lines[0], 1)
-    if head.get("format") != FORMAT or head.get("version") not in (1, VERSION):
-        raise TraceFormatError(1, f"not a {FORMAT} header of version 1 or {VERSION}")
+    version = head.get("version")
+    if head.get("format") != FORMAT or version not in (1, 2, VERSION):
+        raise TraceFormatError(1, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
     gpu, cpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks"), _int(head.get("cpu_blocks"), 1, "cpu_blocks")
     if head.get("level", "cache") == "scheduler":
+        if version != VERSION:  # its hashes were spec's, and spec's block hashes changed in version 3
+            raise TraceFormatError(1, f"a scheduler-level trace of version {version} names blocks by the "
+                                      f"earlier block hash; record it again with this kvoracle (version {VERSION})")
         return _replay_system(lines, initial_system(gpu, cpu, _int(head.get("block_size"), 1, "block_size"),
                                                     _int(head.get("timeout"), 1, "timeout")))
     return _replay_cache(lines, initial(gpu, cpu))

@@ -104,3 +104,35 @@ def test_the_documented_example_prints_what_the_docs_show(
     assert main(["check-trace", "docs/examples/heap_drop.jsonl"]) == 1
     printed = capsys.readouterr().out.rstrip("\n")
     assert printed in (root / "docs" / "trace.md").read_text()
+
+
+def scheduler_trace(version: int = 3, last: Sequence[dict[str, object]] = ()) -> list[str]:
+    """A scheduler-level trace: r0's prompt is computed, cached, written to storage as r0
+    finishes, and the write is answered; `last` replaces that answer."""
+    head = {"format": "kvoracle-trace", "version": version, "level": "scheduler", "gpu_blocks": 4,
+            "cpu_blocks": 0, "block_size": 2, "timeout": 2}
+    events: list[dict[str, object]] = [
+        {"op": "submit", "request": 0, "tokens": [1, 1, 2, 2]},
+        {"op": "admit", "request": 0},
+        {"op": "prefill", "request": 0, "tokens": 4, "blocks": [0, 1]},
+        {"op": "insert", "request": 0, "blocks": 2},
+        {"op": "exit", "request": 0, "to": "finished", "writes": [[H1, 0], [H2, 1]]},
+        *(last or [{"op": "complete", "transfer": 0, "outcome": "ok"}]),
+    ]
+    return [json.dumps(head), *map(json.dumps, events)]
+
+
+def test_a_scheduler_trace_whose_hashes_are_specs_passes() -> None:
+    report = check_trace(scheduler_trace())
+    assert report.passed and report.events == 6
+
+
+def test_a_scheduler_trace_checks_its_own_clock() -> None:
+    report = check_trace(scheduler_trace(last=[{"op": "tick", "ticks": 3}]))
+    assert report.violations[0].id == "LIVE-TRANSFER" and report.line == 7
+
+
+def test_a_version_2_scheduler_trace_is_refused_by_name() -> None:
+    """Version 2 named a scheduler trace's blocks by spec's earlier hash encoding."""
+    with pytest.raises(TraceFormatError, match="line 1: .*version 2 .*record it again"):
+        check_trace(scheduler_trace(version=2))
