@@ -29,13 +29,19 @@ def _extra_bytes(extra: Sequence[int]) -> bytes:
 
 def _packed(tokens: Sequence[int]) -> bytes:
     """The tokens' encoding: tag "q" and 8 bytes each, or tag "t" and decimal text."""
+    raw = _int64s(tokens)
+    return ("t" + ",".join(map(str, tokens))).encode() if raw is None else b"q" + raw
+
+
+def _int64s(tokens: Sequence[int]) -> bytes | None:
+    """The tokens as little-endian 64-bit integers, or None when one does not fit."""
     try:
         packed = array("q", tokens)
     except OverflowError:
-        return ("t" + ",".join(map(str, tokens))).encode()
+        return None
     if sys.byteorder == "big":
         packed.byteswap()
-    return b"q" + packed.tobytes()
+    return packed.tobytes()
 
 
 def _chained(parent: BlockHash | None, tokens: bytes, extra: bytes) -> BlockHash:
@@ -52,12 +58,12 @@ def block_hashes(tokens: Sequence[int], block_size: int, extra: Sequence[int] = 
     if not full:
         return ()
     keys = _extra_bytes(extra)
-    packed = _packed(tokens[:full])
+    raw = _int64s(tokens[:full])
     out: list[BlockHash] = []
-    if packed[:1] == b"q":  # one packing, sliced per block: the hot path of match
+    if raw is not None:  # one packing, sliced per block: the hot path of match
         step, head, blake2b = block_size * _WIDTH, b"-", hashlib.blake2b
-        for start in range(1, len(packed), step):
-            head = blake2b(head + b"q" + packed[start : start + step] + keys, digest_size=8).digest()
+        for start in range(0, len(raw), step):
+            head = blake2b(head + b"q" + raw[start : start + step] + keys, digest_size=8).digest()
             out.append(BlockHash(int.from_bytes(head, "little")))  # the same bytes as _chained's
         return tuple(out)
     parent: BlockHash | None = None  # a token outside 64 bits: each block packed on its own
