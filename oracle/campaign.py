@@ -103,6 +103,18 @@ def seed_alone() -> Iterator[None]:
         providers.CONSTANTS_CACHE.cache.clear()
 
 
+# The default campaign: what `kvoracle check` (so `make run`) runs on each target, and
+# what tests/test_mutants.py and docs/mutants.md hold every mutant and the reference to.
+SEEDS = 5  # seeds per target, from seed 0; a mutant's run stops at its first kill
+EXAMPLES = 150  # programs per seed on the cache machine
+STEPS = 100  # steps per program, at most
+
+
+def programs_per_seed(level: str, examples: int) -> int:
+    """A scheduler step does more work than a cache step: its machine draws half the programs."""
+    return max(1, examples // 2) if level == "scheduler" else examples
+
+
 def run_seeds(
     machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int,
     baseline: Baseline | None = None,

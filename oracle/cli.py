@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
-from kvoracle.oracle.campaign import RunResult, readable, run_seeds
+from kvoracle.oracle import campaign
+from kvoracle.oracle.campaign import RunResult, programs_per_seed, readable, run_seeds
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
 from kvoracle.oracle.findings import standalone, write_reproduction
@@ -55,10 +56,9 @@ def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int,
                baseline: Baseline | None = None) -> Row:
     machine = target.machine()
     use_faults(getattr(target.adapter, "fault_kinds", None))
-    if target.level == "scheduler":
-        examples = max(1, examples // 2)  # scheduler steps do more work each
     start = time.perf_counter()
-    result = run_seeds(machine, seeds, examples=examples, steps=steps, baseline=baseline)
+    result = run_seeds(machine, seeds, examples=programs_per_seed(target.level, examples), steps=steps,
+                       baseline=baseline)
     tally = tally_of(machine)
     if target.mutant is None:
         verdict = "pass" if result.passed else "FAIL"
@@ -468,11 +468,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--repro-dir", metavar="DIR",
                    help="where reproduction files of findings are written: with --engine/--adapter (a Scripted "
                         f"adapter) always, default {REPRO_DIR}; for the reference and mutants only when given")
-    c.add_argument("--seeds", type=int, default=5,
-                   help="seeds per target; a mutant's run stops at its first kill (default 5)")
+    c.add_argument("--seeds", type=int, default=campaign.SEEDS,
+                   help=f"seeds per target; a mutant's run stops at its first kill (default {campaign.SEEDS})")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    c.add_argument("--examples", type=int, default=150, help="programs per seed (default 150)")
-    c.add_argument("--steps", type=int, default=100, help="max steps per program (default 100)")
+    c.add_argument("--examples", type=int, default=campaign.EXAMPLES,
+                   help=f"programs per seed on the cache machine, half as many on the scheduler machine "
+                        f"(default {campaign.EXAMPLES})")
+    c.add_argument("--steps", type=int, default=campaign.STEPS,
+                   help=f"max steps per program (default {campaign.STEPS})")
     c.add_argument("--fault-rate", type=float, default=FAULT_RATE_DEFAULT,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
     c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
