@@ -8,6 +8,7 @@ benchmark, not a test: no asserts, and each figure is measured here and now, sid
 side in one run.
 
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
+                            [--parts model-checker machines bookkeeping workers]
 
 `make bench` runs it (about 7 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
 ten on 2 cores); a scope cut short by --max-states says so in its row.
@@ -221,6 +222,9 @@ def workers(examples: int) -> list[Row]:
             for where, s in seconds.items()]
 
 
+PARTS = ["model-checker", "machines", "bookkeeping", "workers"]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller runs (a minute): the CI scope only")
@@ -229,18 +233,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-states", type=int, default=2_000_000, help="cut a scope's search after N states")
     p.add_argument("--partitions", type=int, nargs="*", default=[2], metavar="N",
                    help="also split each scope's search across N processes (default: 2; none: skip)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
+                   help="which figures to measure (default: all)")
     a = p.parse_args(argv)
     random.seed(0)
     examples = 40 if a.quick else 300
-    parts: list[tuple[str, Callable[[], list[Row]]]] = [
-        ("model checker", lambda: model_check(a.scopes, a.max_states, a.partitions,
-                                              not a.quick and importlib.util.find_spec("ray") is not None)),
-        ("machines", lambda: machines(examples)),
-        ("bookkeeping", lambda: bookkeeping(500 if a.quick else 2000)),
-        ("workers", lambda: workers(examples)),
-    ]
+    parts: dict[str, Callable[[], list[Row]]] = {
+        "model-checker": lambda: model_check(a.scopes, a.max_states, a.partitions,
+                                             not a.quick and importlib.util.find_spec("ray") is not None),
+        "machines": lambda: machines(examples),
+        "bookkeeping": lambda: bookkeeping(500 if a.quick else 2000),
+        "workers": lambda: workers(examples),
+    }
     rows: list[Row] = []
-    for part, run in parts:
+    for part, run in parts.items():
+        if part not in a.parts:
+            continue
         print(f"measuring: {part} ...", file=sys.stderr, flush=True)
         rows += run()
     print(columns(("measure", "figure", "how"), rows))
