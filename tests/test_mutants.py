@@ -15,6 +15,7 @@ import pickle
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ FIXED = {"Cache": "kvoracle.kvcache.manager import CacheManager",
          "Scheduler": "kvoracle.scheduler.resource_manager import ResourceManager"}
 
 
+@dataclass(frozen=True)
 class Generated:
-    def __init__(self, page_check: subprocess.CompletedProcess[str], results: dict[str, RunResult]) -> None:
-        self.page_check, self.results = page_check, results
+    page_check: subprocess.CompletedProcess[str]  # the generator's --check run
+    results: dict[str, RunResult]  # each mutant's campaign, by name
 
 
 @pytest.fixture(scope="module")
