@@ -22,6 +22,7 @@ from typing import TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
@@ -96,6 +97,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        watchdog.kick()  # building the engine is watched too
         self.engine = type(self).make_adapter()
         self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
@@ -111,6 +113,7 @@ class CacheMachine(RuleBasedStateMachine):
               exiting: RequestId | None = None) -> R:
         """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
         safety property (when the audit is due: oracle.audit), then refinement."""
+        watchdog.kick()
         self.mark = script_length(self.engine)
         before = self.view() if exiting is not None else None
         try:
@@ -365,6 +368,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         twice = kind is BadInput.DOUBLE_FINISH  # about a request that ended
         r = (self.gone[-1] if self.gone else None) if twice else self._pick(0)
+        watchdog.kick()
         self.mark = script_length(self.engine)
         refused(kind.value, error, lambda: self.engine.bad_call(kind, r), self.engine.snapshot,
                 lambda: self._made_bad_call(kind.value))
@@ -378,11 +382,14 @@ class CacheMachine(RuleBasedStateMachine):
     # --- LIVE-DRAIN ------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        if sys.exc_info()[0] is not None:
-            return  # a step already failed: keep its report
-        e = self.engine
-        self.audit.draining = True
-        drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
+        try:
+            if sys.exc_info()[0] is not None:
+                return  # a step already failed: keep its report
+            e = self.engine
+            self.audit.draining = True
+            drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
+        finally:
+            watchdog.pause()
 
 
 def drain(m: CacheMachine, bound: int) -> int:

@@ -15,6 +15,7 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.scheduler_machine import _faults
 from kvoracle.oracle.violations import Baseline, PropertyViolated
@@ -65,24 +66,25 @@ def run_machine(
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
-    try:
-        with seed_alone():
-            test()
-    except PropertyViolated as e:
-        found = e
-    except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
-        found = unexpected(e)
-    except Exception as e:  # the system under test (or its adapter) raised where no check expected it
-        found = unexpected(e)
-    finally:
-        PropertyViolated.hooks.remove(note_first_catch)
-    known = dict(baseline.seen) if baseline is not None else {}
-    if found is None:
+    with watchdog.watching():  # one run: a hang shortens the limit for its shrinking too
+        try:
+            with seed_alone():
+                test()
+        except PropertyViolated as e:
+            found = e
+        except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
+            found = unexpected(e)
+        except Exception as e:  # the system under test (or its adapter) raised where no check expected it
+            found = unexpected(e)
+        finally:
+            PropertyViolated.hooks.remove(note_first_catch)
+        known = dict(baseline.seen) if baseline is not None else {}
+        if found is None:
+            PropertyViolated.baseline = None
+            return RunResult(True, None, (), time.perf_counter() - start, known=known)
+        # Outside the except block: teardown skips its drain check while an exception is handled.
+        steps_found = minimize(machine, counterexample_steps(found), found)
         PropertyViolated.baseline = None
-        return RunResult(True, None, (), time.perf_counter() - start, known=known)
-    # Outside the except block: teardown skips its drain check while an exception is handled.
-    steps_found = minimize(machine, counterexample_steps(found), found.first_id)
-    PropertyViolated.baseline = None
     return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known)
 
 
@@ -153,34 +155,45 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
     names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput,
              **(more or {})}
     try:
-        state = machine()
-        for step in steps:
-            eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
-        state.teardown()
+        with watchdog.watching():
+            state = machine()
+            for step in steps:
+                eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
+            state.teardown()
     except PropertyViolated as e:
         return e
     except (NameError, SyntaxError, UnsatisfiedAssumption):  # not a program this machine can replay,
         return None  # or one that shows only a known violation
     except Exception as e:  # an unexpected exception replays as the finding it was reported as
         return unexpected(e)
+    finally:
+        watchdog.pause()  # a failed program skips its teardown
     return None
 
 
-def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], first_id: str) -> tuple[str, ...]:
-    """Delete steps while the program still fails with the same first ID (Hypothesis's
+def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding: PropertyViolated) -> tuple[str, ...]:
+    """Delete steps while the program still fails with the same finding (Hypothesis's
     stateful shrinker sometimes leaves no-op steps in)."""
     best = list(steps)
-    if not best or (found := replay(machine, best)) is None or found.first_id != first_id:
+    if not best or not same_finding(finding, replay(machine, best)):
         return tuple(best)  # not replayable as printed: keep Hypothesis's answer
     i = 0
     while i < len(best):
         trial = best[:i] + best[i + 1 :]
-        found = replay(machine, trial)
-        if found is not None and found.first_id == first_id:
+        if same_finding(finding, replay(machine, trial)):
             best = trial
         else:
             i += 1
     return tuple(best)
+
+
+def same_finding(finding: PropertyViolated, other: PropertyViolated | None) -> bool:
+    """`other` is the finding again: the same first ID and, for VALID-INPUT (whatever
+    raised), the same call raising the same exception. Deleting a step can leave one
+    whose precondition no longer holds, and the machine's own code may then raise."""
+    if other is None or other.first_id != finding.first_id:
+        return False
+    return finding.first_id != "VALID-INPUT" or (other.step, other.violations[0]) == (finding.step, finding.violations[0])
 
 
 _DRAWN_FAULTS = re.compile(r"_faults\((\d+)\)")

@@ -22,7 +22,7 @@ from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
-from kvoracle.oracle import audit
+from kvoracle.oracle import audit, watchdog
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
@@ -153,6 +153,7 @@ class Settings:
     fault_rate: float = FAULT_RATE_DEFAULT
     kv_backend: str = ""  # "": KV_BACKEND from the environment
     audit_every: int = 1
+    step_timeout: float = watchdog.LIMIT[0]
 
     def check(self) -> None:
         """ValueError when one is out of range."""
@@ -162,11 +163,16 @@ class Settings:
             audit.check_interval(self.audit_every)
         except ValueError as e:
             raise ValueError(f"--audit-every: {e}") from None
+        try:
+            watchdog.check_limit(self.step_timeout)
+        except ValueError as e:
+            raise ValueError(f"--step-timeout: {e}") from None
 
     def apply(self) -> None:
         """Set them in this process; ValueError, with nothing set, when one is out of range."""
         self.check()
         audit.set_interval(self.audit_every)
+        watchdog.set_limit(self.step_timeout)
         FAULT_RATE[0] = self.fault_rate
         if self.kv_backend:
             os.environ["KV_BACKEND"] = self.kv_backend
@@ -252,7 +258,8 @@ def settings_option(args: argparse.Namespace, pool: bool) -> Settings | None:
     (with `pool`, the KV backend the scheduler machine will use is named and tried
     before); None, with the reason printed and nothing set, when one is unusable."""
     try:
-        settings = Settings(args.fault_rate, args.kv_backend or (default_backend() if pool else ""), args.audit_every)
+        settings = Settings(args.fault_rate, args.kv_backend or (default_backend() if pool else ""), args.audit_every,
+                            args.step_timeout)
         settings.check()
         if pool:  # named, so that workers use it whatever their environment says
             make_pool(settings.kv_backend, "cpu", 1, 2, 1, 8)
@@ -483,6 +490,10 @@ def parser() -> argparse.ArgumentParser:
                    help="audit every property over the whole state after every N-th step and every step of the "
                         "final drain (default 1: after every step); a larger N is faster, and misses a violation "
                         "that heals before the next audit")
+    c.add_argument("--step-timeout", type=float, default=watchdog.LIMIT[0], metavar="SECONDS",
+                   help=f"a call into the engine still running after SECONDS is a finding (VALID-INPUT, the engine "
+                        f"hung), and the campaign goes on; after one hang, later calls of that run get "
+                        f"{watchdog.AFTER_HANG:g} s (default {watchdog.LIMIT[0]:g}; 0: no limit)")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")

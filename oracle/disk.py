@@ -1,6 +1,7 @@
 """A storage tier on disk for the reference row that writes through to files
 (kvcache.storage.DirectoryStorage), and what a disk does to such a tier between calls:
-a block file cut short, a flipped byte, a file gone, the whole volume gone and back.
+a block file cut short, a flipped byte, a file gone, another block's file in its place
+(a copy or a restored backup under the wrong name), the whole volume gone and back.
 
 Every damage is something DirectoryStorage must survive: a read stops at the first block
 it cannot validate (a short read, which the transfer protocol already handles), and a
@@ -18,7 +19,7 @@ from pathlib import Path
 from kvoracle.kvcache.storage import DirectoryStorage
 from kvoracle.spec.types import BlockHash
 
-DAMAGE = ("truncate", "corrupt", "delete", "unmount", "remount")
+DAMAGE = ("truncate", "corrupt", "delete", "misplace", "unmount", "remount")
 _AWAY = ".away"  # where an unmounted volume's files wait for the remount
 
 
@@ -61,7 +62,12 @@ class Disk:
             root.unlink(missing_ok=True)
             away.rename(root)
         elif how not in ("unmount", "remount") and self.written and root.is_dir():
-            _damage_file(self.backend._path(list(self.written)[i % len(self.written)]), how)
+            names = list(self.written)
+            block = self.backend._path(names[i % len(names)])
+            if how == "misplace":  # the block before it in that order: its file, valid under its own name
+                _misplace(self.backend._path(names[(i - 1) % len(names)]), block)
+            else:
+                _damage_file(block, how)
 
 
 def _damage_file(block: Path, how: str) -> None:
@@ -75,6 +81,11 @@ def _damage_file(block: Path, how: str) -> None:
         block.write_bytes(blob[:10])  # shorter than a header
     elif blob:
         block.write_bytes(blob[:-1] + bytes([(blob[-1] + 1) % 256]))  # the checksum no longer holds
+
+
+def _misplace(source: Path, block: Path) -> None:
+    if source != block and source.is_file():
+        block.write_bytes(source.read_bytes())
 
 
 def _remove(*paths: Path) -> None:

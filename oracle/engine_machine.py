@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, script_length, view_of
@@ -42,6 +43,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        watchdog.kick()  # building the engine is watched too
         self.adapter = type(self).make_adapter()
         missing = {Op.ADMIT, Op.FINISH} - self.adapter.operations
         if missing:
@@ -71,6 +73,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _call(self, name: str, call: Callable[[], object], undo: Callable[[], None] = lambda: None) -> bool:
         """A valid call. False: the engine had no room (then `undo` takes back what the
         machine expected of the call), and must have changed nothing."""
+        watchdog.kick()
         self.mark = script_length(self.adapter)
         try:
             call()
@@ -183,6 +186,7 @@ class EngineMachine(RuleBasedStateMachine):
         twice = kind in (BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)  # about a finished request
         rid = (self.gone[-1] if self.gone else None) if twice else self._pick(i)
         name = f"bad_input:{kind.value}"
+        watchdog.kick()
         self.mark = script_length(self.adapter)
         before = self.adapter.observe()
         try:
@@ -206,10 +210,13 @@ class EngineMachine(RuleBasedStateMachine):
     # --- LIVE-DRAIN ------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        if sys.exc_info()[0] is not None:
-            return  # a step already failed: keep its report
-        self.audit.draining = True
-        drain(self)
+        try:
+            if sys.exc_info()[0] is not None:
+                return  # a step already failed: keep its report
+            self.audit.draining = True
+            drain(self)
+        finally:
+            watchdog.pause()
 
 
 def drain(m: EngineMachine) -> None:

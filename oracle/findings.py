@@ -23,11 +23,13 @@ from typing import Any
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
 from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated, refusal
+from kvoracle.oracle.watchdog import EngineHung
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
@@ -92,7 +94,8 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
-    return path, run_reproduction(path)
+    hung = EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less for it
+    return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
 
 
 def standalone(path: Path, failure: str, first_id: str) -> str:
@@ -376,9 +379,12 @@ def _drain_cache(adapter: Any, live: Mapping[str, int]) -> None:
         adapter.evict_gpu(adapter.gpu_blocks)
 
 
-def run_reproduction(path: Path) -> str:
+def run_reproduction(path: Path, timeout: float = 300) -> str:
     """Run the file with this Python; the first line of what it failed with, or ''."""
-    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{EngineHung.__name__}: no answer within {timeout:g} s"
     if done.returncode == 0:
         return ""
     # a distributed engine's logger may prefix every line of stderr ("[rank0]: ", SGLang's)
@@ -388,8 +394,10 @@ def run_reproduction(path: Path) -> str:
 
 
 def confirms(failure: str, first_id: str) -> bool:
-    """What a reproduction failed with is the check of the property it was written for."""
-    return failure.startswith(f"AssertionError: {first_id}")
+    """What a reproduction failed with is the check of the property it was written for
+    (for a call that hung, VALID-INPUT: the reproduction hangs)."""
+    hung = first_id == "VALID-INPUT" and failure.startswith(EngineHung.__name__)
+    return hung or failure.startswith(f"AssertionError: {first_id}")
 
 
 def header(text: str) -> tuple[str, str]:

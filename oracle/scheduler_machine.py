@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
@@ -119,6 +120,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        watchdog.kick()  # building the engine is watched too
         self.engine = type(self).make_adapter()
         self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
         self.clock = 0  # the checker's own clock: the ticks it made
@@ -144,6 +146,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Run one scheduler call; check every property after it: LIVE-EXIT first, on the
         requests it was to end (`exiting`) and on those it ended or preempted itself;
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
+        watchdog.kick()
         self.mark = script_length(self.engine)
         before, statuses = self.view(), self.engine.statuses()
         admission = self._admission_before() if admitting else None
@@ -305,6 +308,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A bad call must raise the adapter's declared exception and change nothing."""
         error = self.engine.refusals.get(kind)
         if error is not None:
+            watchdog.kick()
             self.mark = script_length(self.engine)
             refused(kind.value, error, lambda: self.engine.bad_call(kind), self.engine.snapshot,
                     lambda: self._made_bad_call(kind.value))
@@ -316,14 +320,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     # --- LIVE-DRAIN -------------------------------------------------------------------------
 
     def teardown(self) -> None:
-        if self.model is None:  # a black box reports how its transfers ended, if it can
-            for outcome, n in getattr(self.engine, "outcomes", dict)().items():
-                for _ in range(n):
-                    self._ended(outcome)
-        if sys.exc_info()[0] is not None:
-            return
-        self.audit.draining = True
-        drain(self)
+        try:
+            if self.model is None:  # a black box reports how its transfers ended, if it can
+                for outcome, n in getattr(self.engine, "outcomes", dict)().items():
+                    for _ in range(n):
+                        self._ended(outcome)
+            if sys.exc_info()[0] is not None:
+                return
+            self.audit.draining = True
+            drain(self)
+        finally:
+            watchdog.pause()
 
 
 class DiskMachine(SchedulerMachine):

@@ -5,10 +5,14 @@ caught by it."""
 from __future__ import annotations
 
 import gc
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from kvoracle.kvcache import storage as storage_module
 from kvoracle.kvcache.storage import HEADER_SIZE, DirectoryStorage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import run_seeds
@@ -28,7 +32,7 @@ def written() -> Disk:
     return disk
 
 
-@pytest.mark.parametrize("how", ["truncate", "corrupt", "delete"])
+@pytest.mark.parametrize("how", ["truncate", "corrupt", "delete", "misplace"])
 def test_a_damaged_block_ends_the_prefix_read_there(how: str) -> None:
     disk = written()
     disk.damage(how, 1)  # the second block first written: H[1]
@@ -104,8 +108,8 @@ class TrustingOnDisk(ReferenceSchedulerOnDisk):
         return {**super().given(), "TrustingStorage": TrustingStorage}
 
 
-def damaged_then_read(adapter: type[ReferenceSchedulerOnDisk]) -> str:
-    """A request's blocks are written to disk, one is corrupted, the cache gives up
+def damaged_then_read(adapter: type[ReferenceSchedulerOnDisk], how: str = "corrupt") -> str:
+    """A request's blocks are written to disk, one is damaged (`how`), the cache gives up
     everything, and the same prompt comes back: its prefix is read from the disk. The
     first violated ID, or "pass"."""
     m = type(f"Machine_{adapter.__name__}", (scheduler_level_machine(adapter),), {"make_adapter": adapter, "tally": Tally()})()
@@ -113,7 +117,7 @@ def damaged_then_read(adapter: type[ReferenceSchedulerOnDisk]) -> str:
         m.submit(p=0, tail=0)
         m.schedule(f=())
         m.finish(picks=[0], f=())
-        m.damage(how="corrupt", i=0)
+        m.damage(how=how, i=0)
         m.tick(n=1, pressure=0)  # pressure: every block leaves the GPU and the CPU tier
         m.submit(p=0, tail=0)
         m.schedule(f=())
@@ -131,3 +135,44 @@ def test_a_storage_tier_that_trusts_its_files_is_caught() -> None:
     0..5 (150 programs each) did when this was written (docs/mutation.md)."""
     assert damaged_then_read(ReferenceSchedulerOnDisk) == "pass"
     assert damaged_then_read(TrustingOnDisk) == "INV-CONTENT"
+
+
+def _checksum_without_hash(h: BlockHash, payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+class HashBlindStorage(DirectoryStorage):
+    """A planted bug (the fifth blind run's): the checksum covers the payload but not the
+    block's hash, so another block's file under this block's name reads as valid."""
+
+    def _write_one(self, h: BlockHash, data: bytes) -> None:
+        with patched_checksum():
+            super()._write_one(h, data)
+
+    def _load(self, h: BlockHash) -> bytes | None:
+        with patched_checksum():
+            return super()._load(h)
+
+
+@contextmanager
+def patched_checksum() -> Iterator[None]:
+    saved = storage_module._checksum
+    storage_module._checksum = _checksum_without_hash
+    try:
+        yield
+    finally:
+        storage_module._checksum = saved
+
+
+class HashBlindOnDisk(ReferenceSchedulerOnDisk):
+    storage = "Disk(HashBlindStorage)"
+
+    def given(self) -> dict[str, object]:
+        return {**super().given(), "HashBlindStorage": HashBlindStorage}
+
+
+def test_a_storage_tier_whose_checksum_leaves_out_the_hash_is_caught() -> None:
+    """Block 0's file replaced by another block's: the reference reads it as absent, the
+    planted bug serves the other block's bytes (INV-CONTENT)."""
+    assert damaged_then_read(ReferenceSchedulerOnDisk, "misplace") == "pass"
+    assert damaged_then_read(HashBlindOnDisk, "misplace") == "INV-CONTENT"

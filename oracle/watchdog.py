@@ -1,0 +1,94 @@
+"""A call into the system under test that never returns is a finding, not a campaign
+that never ends.
+
+While a campaign runs (`watching`), every engine call the machines make starts a timer
+(`kick`); a call still running after the limit (`kvoracle check --step-timeout`,
+default 60 s) gets `EngineHung` raised inside it, which the machine reports as it
+reports any exception escaping a valid call (VALID-INPUT, with the call's name), and
+Hypothesis shrinks the program as usual. Once one call has hung, the limit drops to
+AFTER_HANG for the rest of the run: the calls that follow (the machine's look at the
+state, the final drain, the shrinker's replays) may hang on the same lock, and each
+costs that much instead of the full limit.
+
+The timer is SIGALRM, so it works in the main thread of a POSIX process (a campaign's
+own, or a worker's: processes run their jobs there); elsewhere nothing is watched. It
+interrupts Python code and blocking waits (locks, queues, sleeps), not a C extension
+that loops without returning to the interpreter.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+LIMIT = [60.0]  # seconds a call may run (kvoracle check --step-timeout; 0: unwatched)
+AFTER_HANG = 2.0  # seconds a call may run once one has hung in this run
+
+
+class EngineHung(Exception):
+    """A call into the system under test did not return within the limit."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("a call into the engine did not return within the step timeout")
+        self.seconds = seconds  # the limit it ran out of (the message is the same whatever it was)
+
+
+def check_limit(seconds: float) -> None:
+    if seconds < 0:
+        raise ValueError(f"the step timeout must be at least 0 s (0: none), not {seconds:g}")
+
+
+def set_limit(seconds: float) -> None:
+    check_limit(seconds)
+    LIMIT[0] = seconds
+
+
+class _Timer:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def kick(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+
+    def fire(self, signum: int, frame: FrameType | None) -> None:
+        hung = self.seconds
+        self.seconds = min(self.seconds, AFTER_HANG)
+        self.kick()  # what runs next (the machine's look, the drain) is watched too
+        raise EngineHung(hung)
+
+
+_active: list[_Timer] = []  # the running campaign's timer, if any
+
+
+def kick() -> None:
+    """An engine call starts: it has the limit from now (a no-op outside `watching`)."""
+    if _active:
+        _active[-1].kick()
+
+
+def pause() -> None:
+    """A program ended: nothing is watched until the next call (Hypothesis's own work
+    between programs is not the engine's)."""
+    if _active:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@contextmanager
+def watching() -> Iterator[None]:
+    """Watch the engine calls made inside: see the module's docstring."""
+    usable = LIMIT[0] > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable or _active:
+        yield
+        return
+    timer = _Timer(LIMIT[0])
+    previous = signal.signal(signal.SIGALRM, timer.fire)
+    _active.append(timer)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _active.pop()
+        signal.signal(signal.SIGALRM, previous)
