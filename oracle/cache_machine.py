@@ -27,7 +27,7 @@ from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
-from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import (
     Allocate,
@@ -120,7 +120,7 @@ class CacheMachine(RuleBasedStateMachine):
             result = impl()
         except PropertyViolated:
             raise
-        except Exception as e:
+        except ESCAPES as e:
             raise PropertyViolated(name, self._exit(before, exiting) + [self._escaped(name, e)]) from e
         self._count(name)
         found = self._exit(before, exiting)
@@ -137,7 +137,7 @@ class CacheMachine(RuleBasedStateMachine):
         return liveness.live_exit(before, self.view(), request_name(r))
 
     @staticmethod
-    def _escaped(name: str, e: Exception) -> Violation:
+    def _escaped(name: str, e: BaseException) -> Violation:
         if name.endswith("evict_gpu"):
             return liveness.live_evict(None, 0, 0, None, raised=e)[0]
         return Violation("VALID-INPUT", f"the engine raised {e!r} on a valid {name}")

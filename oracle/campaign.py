@@ -18,7 +18,7 @@ from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.scheduler_machine import _faults
-from kvoracle.oracle.violations import Baseline, PropertyViolated
+from kvoracle.oracle.violations import ESCAPES, Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
@@ -74,7 +74,7 @@ def run_machine(
             found = e
         except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
             found = unexpected(e)
-        except Exception as e:  # the system under test (or its adapter) raised where no check expected it
+        except ESCAPES as e:  # the system under test (or its adapter) raised where no check expected it
             found = unexpected(e)
         finally:
             PropertyViolated.hooks.remove(note_first_catch)
@@ -164,7 +164,7 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
         return e
     except (NameError, SyntaxError, UnsatisfiedAssumption):  # not a program this machine can replay,
         return None  # or one that shows only a known violation
-    except Exception as e:  # an unexpected exception replays as the finding it was reported as
+    except ESCAPES as e:  # an unexpected exception replays as the finding it was reported as
         return unexpected(e)
     finally:
         watchdog.pause()  # a failed program skips its teardown

@@ -21,7 +21,7 @@ from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, script_length, view_of
 from kvoracle.spec import liveness
-from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.oracle.violations import ESCAPES, PropertyViolated
 from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
@@ -85,7 +85,7 @@ class EngineMachine(RuleBasedStateMachine):
             return False
         except PropertyViolated:
             raise
-        except Exception as e:
+        except ESCAPES as e:
             why = f"the engine (or its adapter) raised {e!r} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)

@@ -28,7 +28,7 @@ from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, script_length, view_of
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
-from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.invariants import Violation
@@ -153,7 +153,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         escaped: BaseException | None = None
         try:
             call()
-        except Exception as e:  # storage or swap errors must never escape the scheduler
+        except ESCAPES as e:  # storage or swap errors must never escape the scheduler
             escaped = e
         self.clock += ticks
         self._count(name)

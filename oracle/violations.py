@@ -67,16 +67,21 @@ def _rebuilt(step: str, violations: list[Violation], notes: list[str]) -> Proper
     return e
 
 
+# What a call into the engine may raise that is a finding, not the end of the campaign:
+# an engine that exits the process (SystemExit) too. Ctrl-C still stops the campaign.
+ESCAPES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
 def refused(name: str, error: type[Exception], call: Callable[[], bool], snapshot: Callable[[], object],
             made: Callable[[], None]) -> None:
     """A bad call must be refused with `error` and change nothing. `call` makes it and
     returns False when it did not apply (then nothing is checked); `made` runs the
     machine's own counting and checks once it was made."""
     before = snapshot()
-    raised: Exception | None = None
+    raised: BaseException | None = None
     try:
         called = call()
-    except Exception as e:
+    except ESCAPES as e:
         called, raised = True, e
     if not called:
         return
@@ -86,7 +91,7 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
         raise PropertyViolated(name, found)
 
 
-def refusal(error: type[Exception], raised: Exception | None, changed: bool) -> list[Violation]:
+def refusal(error: type[Exception], raised: BaseException | None, changed: bool) -> list[Violation]:
     """BAD-INPUT: the bad call raised `error` (or a subclass) and `changed` nothing."""
     if not isinstance(raised, error):
         what = "accepted" if raised is None else f"raised {type(raised).__name__}"

@@ -49,6 +49,21 @@ def test_a_raising_target_is_a_finding_with_an_id_and_the_campaign_goes_on() -> 
     assert rows[0].shrunk >= 1 and rows[1].shrunk >= 1
 
 
+class ExitingCache(ReferenceCache):
+    """An engine whose fatal-error handler exits the process when a transfer ends."""
+
+    name = "exiting"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        sys.exit(3)
+
+
+def test_an_engine_that_exits_the_process_is_a_finding_and_the_campaign_goes_on() -> None:
+    rows = [run_target(Target(a.name, "cache", None, a), [0], 10, 20) for a in (ExitingCache, ReferenceCache)]
+    assert [r.verdict for r in rows] == ["FAIL", "pass"]
+    assert rows[0].first_id == "VALID-INPUT" and "SystemExit(3)" in str(rows[0].result.violation)  # type: ignore[union-attr]
+
+
 ADAPTER = '''
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.mutants import CounterDrift, DoubleUnlock
