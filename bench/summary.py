@@ -10,7 +10,7 @@ side in one run.
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
                             [--parts model-checker machines bookkeeping workers]
 
-`make bench` runs it (about 7 minutes on 2 cores). The re-admission and deep scopes take minutes (the deep one about
+`make bench` runs it (7 to 31 minutes on 2 cores here, with the machine's speed that day). The re-admission and deep scopes take minutes (the deep one about
 ten on 2 cores); a scope cut short by --max-states says so in its row.
 """
 
