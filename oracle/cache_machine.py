@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
-from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, script_length, view_of
+from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, TieredAdapter
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
@@ -113,8 +113,7 @@ class CacheMachine(RuleBasedStateMachine):
               exiting: RequestId | None = None) -> R:
         """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
         safety property (when the audit is due: oracle.audit), then refinement."""
-        watchdog.kick()
-        self.mark = script_length(self.engine)
+        self.mark = call_starts(self.engine)
         before = self.view() if exiting is not None else None
         try:
             result = impl()
@@ -368,8 +367,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         twice = kind is BadInput.DOUBLE_FINISH  # about a request that ended
         r = (self.gone[-1] if self.gone else None) if twice else self._pick(0)
-        watchdog.kick()
-        self.mark = script_length(self.engine)
+        self.mark = call_starts(self.engine)
         refused(kind.value, error, lambda: self.engine.bad_call(kind, r), self.engine.snapshot,
                 lambda: self._made_bad_call(kind.value))
 

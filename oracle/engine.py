@@ -31,6 +31,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any, Protocol
 
+from kvoracle.oracle import watchdog
 from kvoracle.spec import invariants
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.view import TierView, View
@@ -241,9 +242,11 @@ def import_as(cls: type, alias: str) -> str:
     return f"# {alias} is {cls.__module__}.{cls.__qualname__}, which cannot be imported by name: define it here"
 
 
-def script_length(adapter: object) -> int:
-    """Engine calls a Scripted adapter has run so far (0 for any other adapter): a machine
-    notes it before each call, so a reproduction knows where the last call begins."""
+def call_starts(adapter: object) -> int:
+    """A machine's call into the engine starts: the watchdog times it from now, and the
+    answer is the engine calls a Scripted adapter has run so far (0 for any other
+    adapter), which the machine notes so that a reproduction knows where the last call begins."""
+    watchdog.kick()
     lines = getattr(adapter, "lines", None)
     return len(lines) if isinstance(lines, list) else 0
 

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, script_length, view_of
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -73,8 +73,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _call(self, name: str, call: Callable[[], object], undo: Callable[[], None] = lambda: None) -> bool:
         """A valid call. False: the engine had no room (then `undo` takes back what the
         machine expected of the call), and must have changed nothing."""
-        watchdog.kick()
-        self.mark = script_length(self.adapter)
+        self.mark = call_starts(self.adapter)
         try:
             call()
         except NoRoom:
@@ -186,8 +185,7 @@ class EngineMachine(RuleBasedStateMachine):
         twice = kind in (BadInput.DOUBLE_FINISH, BadInput.DOUBLE_UNLOCK)  # about a finished request
         rid = (self.gone[-1] if self.gone else None) if twice else self._pick(i)
         name = f"bad_input:{kind.value}"
-        watchdog.kick()
-        self.mark = script_length(self.adapter)
+        self.mark = call_starts(self.adapter)
         before = self.adapter.observe()
         try:
             called = self.adapter.bad_input(kind, rid)

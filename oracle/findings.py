@@ -29,7 +29,6 @@ from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
 from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated, refusal
-from kvoracle.oracle.watchdog import EngineHung
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
@@ -94,7 +93,7 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
-    hung = EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less for it
+    hung = watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less for it
     return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
 
 
@@ -384,7 +383,7 @@ def run_reproduction(path: Path, timeout: float = 300) -> str:
     try:
         done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"{EngineHung.__name__}: no answer within {timeout:g} s"
+        return f"{watchdog.EngineHung.__name__}: no answer within {timeout:g} s"
     if done.returncode == 0:
         return ""
     # a distributed engine's logger may prefix every line of stderr ("[rank0]: ", SGLang's)
@@ -396,7 +395,7 @@ def run_reproduction(path: Path, timeout: float = 300) -> str:
 def confirms(failure: str, first_id: str) -> bool:
     """What a reproduction failed with is the check of the property it was written for
     (for a call that hung, VALID-INPUT: the reproduction hangs)."""
-    hung = first_id == "VALID-INPUT" and failure.startswith(EngineHung.__name__)
+    hung = first_id == "VALID-INPUT" and failure.startswith(watchdog.EngineHung.__name__)
     return hung or failure.startswith(f"AssertionError: {first_id}")
 
 

@@ -25,7 +25,7 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
-from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, script_length, view_of
+from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
@@ -146,8 +146,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Run one scheduler call; check every property after it: LIVE-EXIT first, on the
         requests it was to end (`exiting`) and on those it ended or preempted itself;
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
-        watchdog.kick()
-        self.mark = script_length(self.engine)
+        self.mark = call_starts(self.engine)
         before, statuses = self.view(), self.engine.statuses()
         admission = self._admission_before() if admitting else None
         escaped: BaseException | None = None
@@ -308,8 +307,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A bad call must raise the adapter's declared exception and change nothing."""
         error = self.engine.refusals.get(kind)
         if error is not None:
-            watchdog.kick()
-            self.mark = script_length(self.engine)
+            self.mark = call_starts(self.engine)
             refused(kind.value, error, lambda: self.engine.bad_call(kind), self.engine.snapshot,
                     lambda: self._made_bad_call(kind.value))
 
