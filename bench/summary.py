@@ -20,13 +20,10 @@ import argparse
 import contextlib
 import importlib.util
 import io
-import os
-import pickle
 import random
 import resource
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -37,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
 from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
 
-from kvoracle.oracle import audit  # noqa: E402
+from kvoracle.oracle import audit, isolation  # noqa: E402
 from kvoracle.oracle.cache_machine import CacheMachine, Tally  # noqa: E402
 from kvoracle.oracle.campaign import run_seeds  # noqa: E402
 from kvoracle.oracle.cli import main as kvoracle  # noqa: E402
@@ -97,28 +94,15 @@ def model_check(names: Sequence[str], max_states: int, partitions: Sequence[int]
 def in_child(run: Callable[[], Report]) -> tuple[Report, int]:
     """run() in a forked process: its report, and the peak resident bytes of the largest
     process the search used (that process, or one of its workers)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run, send the report and the peaks back, and leave at once
-        os.close(read)
-        try:
-            report = run()
-            peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-            with os.fdopen(write, "wb") as out:
-                pickle.dump((report, peak * 1024), out)  # ru_maxrss is in KiB on Linux
-        except BaseException:
-            traceback.print_exc()
-            os._exit(1)
-        os._exit(0)
-    os.close(write)
-    try:
-        with os.fdopen(read, "rb") as got:
-            result: tuple[Report, int] = pickle.load(got)
-    except EOFError:
-        raise RuntimeError("the search failed in its own process (its traceback is above)") from None
-    finally:
-        os.waitpid(pid, 0)
-    return result
+    def measured() -> tuple[Report, int]:
+        report = run()
+        peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        return report, peak * 1024  # ru_maxrss is in KiB on Linux
+
+    answer = isolation.in_child(measured)
+    if isinstance(answer, isolation.Ended):
+        raise RuntimeError(f"the search's process {answer}")
+    return answer
 
 
 class Unchecked(CacheMachine):

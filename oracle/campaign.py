@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import BadInput
+from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
 from kvoracle.oracle.violations import ESCAPES, Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -31,6 +32,7 @@ class RunResult:
     seconds: float
     first_catch: int | None = None  # machine steps run when the violation was first seen
     known: dict[str, int] = field(default_factory=dict)  # known violation -> programs that showed it
+    ended: Ended | None = None  # the engine ended the campaign's process (oracle.survival)
 
     @property
     def first_id(self) -> str:

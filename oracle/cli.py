@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from functools import partial
 import os
 import sys
+import tempfile
 import time
+from functools import partial
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence, TextIO
@@ -24,10 +25,14 @@ from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
 from kvoracle.oracle import audit, watchdog
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
+from kvoracle.oracle.cache_machine import Tally
+from kvoracle.oracle.isolation import Ended
+from kvoracle.oracle.journal import Journal, journaled, read
+from kvoracle.oracle.survival import ended_result
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.unchecked import unchecked
-from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, in_order
+from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -54,12 +59,23 @@ class Row:
 
 def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int,
                baseline: Baseline | None = None) -> Row:
+    """The target's campaign, in this process."""
+    return target_row(target, *campaign_of(target, seeds, examples, steps, baseline))
+
+
+def campaign_of(target: Target, seeds: Sequence[int], examples: int, steps: int, baseline: Baseline | None = None,
+                journal: Path | None = None) -> tuple[RunResult, Tally, float]:
+    """Its result, its machine's tally and its seconds (`journal`: the machine writes each
+    program there, for the parent of a process the engine may end)."""
     machine = target.machine()
     use_faults(getattr(target.adapter, "fault_kinds", None))
     start = time.perf_counter()
-    result = run_seeds(machine, seeds, examples=programs_per_seed(target.level, examples), steps=steps,
-                       baseline=baseline)
-    tally = tally_of(machine)
+    result = run_seeds(machine if journal is None else journaled(machine, Journal(journal)), seeds,
+                       examples=programs_per_seed(target.level, examples), steps=steps, baseline=baseline)
+    return result, tally_of(machine), time.perf_counter() - start
+
+
+def target_row(target: Target, result: RunResult, tally: Tally, seconds: float) -> Row:
     if target.mutant is None:
         verdict = "pass" if result.passed else "FAIL"
     elif result.passed:
@@ -68,8 +84,7 @@ def run_target(target: Target, seeds: Sequence[int], examples: int, steps: int,
         verdict = "caught" if audit.catches(result.first_id, target.mutant.kills) else "WRONG-ID"
     return Row(
         target, tally.steps, tally.faults, tally.bad_inputs, verdict, result.first_id,
-        len(result.counterexample), None if result.passed else result, time.perf_counter() - start,
-        dict(tally.outcomes), result.known,
+        len(result.counterexample), None if result.passed else result, seconds, dict(tally.outcomes), result.known,
     )
 
 
@@ -126,7 +141,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, settings)
             for t in targets]
     rows = run_jobs(jobs, args.workers, tracker, args.ray)
-    progress(sys.stderr, len(targets), len(targets), "done")
     sys.stderr.write("\n")
     print(table(rows))
     if args.show:
@@ -186,37 +200,57 @@ class Job:
     steps: int
     measured: bool  # under coverage (the reference rows)
     settings: Settings = Settings()
+    baseline: Baseline | None = None
+    journal: str = ""  # where its machine writes each program ('': nowhere)
 
 
-def run_job(job: Job) -> tuple[Row, dict[str, set[tuple[int, int]]]]:
-    """One target's campaign, and the branches it took when measured (in a worker process
-    too: its coverage comes back as data, merged by the parent)."""
+@dataclass(frozen=True)
+class Done:
+    """What a job's process sends back: plain data (the target, an adapter loaded from a
+    file say, stays with the parent)."""
+
+    result: RunResult
+    tally: Tally
+    seconds: float
+    arcs: dict[str, set[tuple[int, int]]]
+
+
+def run_job(job: Job) -> Done:
+    """One target's campaign, and the branches it took when measured (coverage comes
+    back as data, merged by the parent)."""
     job.settings.apply()
-    run = partial(run_target, job.target, job.seeds, job.examples, job.steps)
-    if not job.measured:
-        return run(), {}
-    tracker = Tracker()
-    row = tracker.measured(run)
-    return row, tracker.arcs()
+    run = partial(campaign_of, job.target, job.seeds, job.examples, job.steps, job.baseline,
+                  Path(job.journal) if job.journal else None)
+    tracker = Tracker() if job.measured else None
+    result, tally, seconds = run() if tracker is None else tracker.measured(run)
+    return Done(result, tally, seconds, {} if tracker is None else tracker.arcs())
 
 
 def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: str | None = None) -> list[Row]:
-    """Every job, in order, on `workers` processes (1: this one) or on the Ray cluster at
-    `ray`. Each target runs the same seeds wherever it runs, so its verdict and
-    counterexample do not depend on where."""
+    """Every job, in order, each in a process of its own, at most `workers` at once (or
+    on the Ray cluster at `ray`). Each target runs the same seeds wherever it runs, so
+    its verdict and counterexample do not depend on where. A job whose engine ends its
+    process is a finding: its machine's journal holds the program (oracle.survival)."""
     rows: list[Row] = []
-    if workers <= 1 and ray is None:
-        for i, job in enumerate(jobs):
-            progress(sys.stderr, i, len(jobs), f"{job.target.name} ({job.target.level})")
-            rows.append(tracker.measured(partial(run_target, job.target, job.seeds, job.examples, job.steps))
-                        if tracker is not None and job.measured else run_job(replace(job, measured=False))[0])
-        return rows
-    for i, (row, arcs) in enumerate(in_order(run_job, jobs, workers, ray)):
-        progress(sys.stderr, i + 1, len(jobs), f"{row.target.name} ({row.target.level})")
-        rows.append(row)
-        if tracker is not None:
-            tracker.merge(arcs)
+    names = [f"{job.target.name} ({job.target.level})" for job in jobs] + ["done"]
+    progress(sys.stderr, 0, len(jobs), names[0])
+    with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
+        jobs = [replace(job, journal="" if ray is not None else f"{where}/{i}") for i, job in enumerate(jobs)]
+        for i, (job, answer) in enumerate(zip(jobs, each_alone(run_job, jobs, workers, ray))):
+            if isinstance(answer, Ended):
+                result = ended_result(job.target.machine(), read(Path(job.journal)), answer, partial(prepare, job))
+                answer = Done(result, Tally(), result.seconds, {})
+            rows.append(target_row(job.target, answer.result, answer.tally, answer.seconds))
+            if tracker is not None:
+                tracker.merge(answer.arcs)
+            progress(sys.stderr, i + 1, len(jobs), names[i + 1])  # the next job's name: it runs now
     return rows
+
+
+def prepare(job: Job) -> None:
+    """A replay's process set up as the job's was."""
+    job.settings.apply()
+    use_faults(getattr(job.target.adapter, "fault_kinds", None))
 
 
 def coverage_tracker(args: argparse.Namespace) -> Tracker | None:
@@ -310,7 +344,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
-    if settings_option(args, pool=scheduler) is None:
+    settings = settings_option(args, pool=scheduler)
+    if settings is None:
         return 2
     label = str(getattr(adapter, "name"))
     try:
@@ -319,7 +354,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print(f"kvoracle check: the {label} adapter could not build its engine: {e!r}", file=sys.stderr)
         return 2
     if level != "engine":
-        return check_machine_adapter(args, adapter, level)
+        return check_machine_adapter(args, adapter, level, settings)
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows = []
     for i, bad in enumerate((False, True)):
@@ -342,14 +377,13 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
-def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str) -> int:
+def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings) -> int:
     """A tiered-cache or scheduler adapter: the reference's own machine at that level,
-    valid and bad input together, as for the reference."""
+    valid and bad input together, as for the reference (in a process of its own)."""
     target = Target(str(getattr(adapter, "name")), level, None, adapter)
-    progress(sys.stderr, 0, 1, f"{target.name} ({level})")
     baseline = Baseline.parse(args.expect) if args.expect else None
-    row = run_target(target, list(range(args.seed, args.seed + args.seeds)), args.examples, args.steps, baseline)
-    progress(sys.stderr, 1, 1, "done")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    [row] = run_jobs([Job(target, seeds, args.examples, args.steps, False, settings, baseline)], 1, None)
     sys.stderr.write("\n")
     print(table([row]))
     print_unchecked(adapter)

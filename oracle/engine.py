@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from kvoracle.oracle import watchdog
+from kvoracle.oracle.journal import Journal
 from kvoracle.spec import invariants
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.view import TierView, View
@@ -256,10 +257,15 @@ class Scripted:
     is exactly what ran, and a shrunk counterexample replays as a standalone file."""
 
     preamble: str = ""  # imports and construction, run once
+    # Set in a replay whose engine may end the process (oracle.survival): the script so far
+    # is on disk before each call runs.
+    tee: ClassVar[Journal | None] = None
 
     def __init__(self) -> None:
         self.namespace: dict[str, object] = dict(self.given())
         self.lines: list[str] = []
+        if Scripted.tee is not None:
+            Scripted.tee.rewrite(self.script())
         exec(_compiled(self.preamble, "<preamble>"), self.namespace)
         self.bind()
 
@@ -284,6 +290,8 @@ class Scripted:
         """Execute one statement (recorded); the value of `_` afterwards (engine values
         are untyped here: the adapter knows what its engine returns)."""
         self.lines.append(statement)
+        if Scripted.tee is not None:
+            Scripted.tee.rewrite(self.script())
         exec(_compiled(statement, "<engine call>"), self.namespace)
         return self.namespace.get("_")
 

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvoracle.oracle.campaign import RunResult, run_seeds
+from kvoracle.oracle.campaign import RunResult
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.findings import confirms, write_reproduction
 from kvoracle.oracle.report import columns
+from kvoracle.oracle.survival import run_seeds_alone
 from kvoracle.oracle.violations import Baseline
 
 
@@ -52,16 +53,17 @@ def engine_machine(adapter: type[EngineAdapter], bad_input: bool) -> type[Engine
 
 def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[int], examples: int, steps: int,
                repro_dir: Path, baseline: Baseline | None = None) -> EngineRow:
+    """The campaign in a process of its own: an engine that ends it is a finding too."""
     machine = engine_machine(adapter, bad_input)
     start = time.perf_counter()
-    result = run_seeds(machine, seeds, examples=examples, steps=steps, baseline=baseline)
+    result, tally = run_seeds_alone(machine, seeds, examples=examples, steps=steps, baseline=baseline)
     name = adapter.name + (" +bad input" if bad_input else "")
-    row = EngineRow(name, machine.tally, result, time.perf_counter() - start)
+    row = EngineRow(name, tally, result, time.perf_counter() - start)
     if result.violation is None:
         return row
     campaign = "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
     path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign)
-    return EngineRow(name, machine.tally, result, row.seconds, path, failure)
+    return EngineRow(name, tally, result, row.seconds, path, failure)
 
 
 def engine_table(rows: Sequence[EngineRow]) -> str:

@@ -26,7 +26,9 @@ from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
+from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
+from kvoracle.oracle.survival import ended_script
 from kvoracle.oracle.tiered import Blocks
 from kvoracle.oracle.violations import PropertyViolated, refusal
 from kvoracle.spec import invariants, liveness
@@ -43,6 +45,7 @@ _HEADER_LINE = re.compile(r"^# kvoracle reproduction: (\S+), (\S+)$", re.M)
 _REQUEST = re.compile(r"\brequest (r\d+)\b")
 _RANK = re.compile(r"^\[rank\d+\]:\s?")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
+ENDED = "ProcessEnded"  # what a reproduction whose process was ended (no exception) failed with
 TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT")  # judged on the last call: the view before it is kept
 
 
@@ -83,6 +86,25 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
 
 
+def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated,
+                       engine: str) -> str:
+    """The file text for a program whose engine ended the process: the engine calls it
+    made up to that (replayed in a process of their own, their script on disk before
+    each call). Run alone, it ends its process the same way while the engine has the
+    bug, and passes once the engine survives."""
+    script = ended_script(machine, steps).rstrip()
+    return "\n".join([
+        _HEADER.format(engine=engine, id=violation.first_id),
+        f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
+        *(f"# {line}" for line in str(violation).splitlines()),
+        "# Run it in the engine's environment (kvoracle installed): it ends its process while the engine has",
+        "# the bug, and passes once the engine survives these calls.",
+        "",
+        script or "# the replay did not end the process: no engine calls to write",
+        "",
+    ])
+
+
 def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, repro_dir: Path, engine: str,
                        campaign: str = "") -> tuple[Path, str]:
     """Write the reproduction of a campaign's finding into `repro_dir` as
@@ -92,7 +114,9 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     name = f"{engine}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(reproduction(machine, result.counterexample, result.violation), encoding="utf-8")
+    text = (reproduction(machine, result.counterexample, result.violation) if result.ended is None else
+            ended_reproduction(machine, result.counterexample, result.violation, engine))
+    path.write_text(text, encoding="utf-8")
     hung = watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less for it
     return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
 
@@ -386,6 +410,8 @@ def run_reproduction(path: Path, timeout: float = 300) -> str:
         return f"{watchdog.EngineHung.__name__}: no answer within {timeout:g} s"
     if done.returncode == 0:
         return ""
+    if done.returncode < 0 or "Traceback (most recent call last)" not in done.stderr:
+        return f"{ENDED}: {Ended(done.returncode)}"  # no exception: the process was ended
     # a distributed engine's logger may prefix every line of stderr ("[rank0]: ", SGLang's)
     lines = [_RANK.sub("", line) for line in done.stderr.strip().splitlines() if line.strip()]
     first = next((i for i, line in enumerate(lines) if line.startswith("AssertionError")), None)
@@ -394,9 +420,9 @@ def run_reproduction(path: Path, timeout: float = 300) -> str:
 
 def confirms(failure: str, first_id: str) -> bool:
     """What a reproduction failed with is the check of the property it was written for
-    (for a call that hung, VALID-INPUT: the reproduction hangs)."""
-    hung = first_id == "VALID-INPUT" and failure.startswith(watchdog.EngineHung.__name__)
-    return hung or failure.startswith(f"AssertionError: {first_id}")
+    (for a call that hung or ended the process, VALID-INPUT: the reproduction does too)."""
+    ended = first_id == "VALID-INPUT" and failure.startswith((watchdog.EngineHung.__name__, ENDED))
+    return ended or failure.startswith(f"AssertionError: {first_id}")
 
 
 def header(text: str) -> tuple[str, str]:

@@ -11,8 +11,9 @@ import multiprocessing
 import socket
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
+
+from kvoracle.oracle.isolation import Ended, in_children
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -26,15 +27,27 @@ class ClusterUnavailable(Exception):
 
 def in_order(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray: str | None = None) -> Iterator[R]:
     """work(piece) for every piece, yielded in order: on the Ray cluster at `ray` when
-    given, else on `workers` processes (1: this one)."""
+    given, else on `workers` processes (1: this one). A process that ends without an
+    answer is an error here (each_alone makes it a result)."""
+    if ray is None and workers <= 1:
+        yield from map(work, pieces)
+        return
+    for answer in each_alone(work, pieces, workers, ray):
+        if isinstance(answer, Ended):
+            raise RuntimeError(f"a worker process {answer} (killed for memory, say)")
+        yield answer
+
+
+def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1,
+               ray: str | None = None) -> Iterator[R | Ended]:
+    """work(piece) for every piece, each in a process of its own (forked: it inherits what
+    this one loaded, adapters from files included), at most `workers` at once, yielded
+    in order; a piece whose process ended without answering yields Ended, and the rest
+    go on. On the Ray cluster at `ray`, Ray's own error for a dead worker is raised."""
     if ray is not None:
         yield from _on_ray(work, pieces, ray)
-    elif workers <= 1:
-        yield from map(work, pieces)
     else:
-        # fork: the children inherit what the parent loaded (adapters from files included)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            yield from pool.map(work, pieces)
+        yield from in_children(work, pieces, workers)
 
 
 def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R]:

@@ -1,0 +1,142 @@
+"""Work in a forked process of its own, so that whatever ends that process (os._exit, a
+crash in native code, a signal, the OOM killer) ends only that piece of work: the
+caller gets `Ended` in place of its result and goes on with the next piece.
+
+An exception the work raises is not an ending: it is raised again in the caller, with
+the child's traceback as a note (as `ChildFailed` when it does not pickle).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A child that ended without answering: its exit status (>= 0) or -signal, and
+    the seconds it ran."""
+
+    status: int
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        if self.status < 0:
+            try:
+                return f"killed by {signal.Signals(-self.status).name}"
+            except ValueError:
+                return f"killed by signal {-self.status}"
+        return f"exited with status {self.status}"
+
+
+class ChildFailed(Exception):
+    """The work raised in the child process (the message holds the child's traceback)."""
+
+
+@dataclass
+class _Child:
+    pid: int
+    fd: int
+    data: bytearray
+    started: float
+
+
+def _start(work: Callable[[], object]) -> _Child:
+    for stream in (sys.stdout, sys.stderr):  # else the child would write the parent's buffer again
+        stream.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, answer, and leave at once (no atexit handlers, no parent's buffers)
+        os.close(read)
+        code = 0
+        try:
+            with os.fdopen(write, "wb") as out:
+                out.write(_answer(work))
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        except BaseException:
+            code = 70  # an answer that cannot be sent: the parent reports it as an ending
+        finally:
+            os._exit(code)
+    os.close(write)
+    return _Child(pid, read, bytearray(), time.perf_counter())
+
+
+def _answer(work: Callable[[], object]) -> bytes:
+    """What the child sends: (True, result), or (False, (exception or None, traceback))."""
+    try:
+        return pickle.dumps((True, work()))
+    except BaseException as e:
+        trace = traceback.format_exc()
+        try:
+            return pickle.dumps((False, (e, trace)))
+        except Exception:  # an exception that does not pickle: its traceback alone
+            return pickle.dumps((False, (None, trace)))
+
+
+def _finish(child: _Child) -> object:
+    """The child's answer, once its pipe is closed: its result, or Ended."""
+    os.close(child.fd)
+    _, status = os.waitpid(child.pid, 0)
+    if not child.data:
+        return Ended(os.waitstatus_to_exitcode(status), time.perf_counter() - child.started)
+    ok, value = pickle.loads(bytes(child.data))
+    if ok:
+        return value
+    error, trace = value
+    if error is None:
+        raise ChildFailed(f"the work failed in its process:\n{trace}")
+    error.add_note(f"raised in a child process:\n{trace}")
+    raise error
+
+
+def in_child(work: Callable[[], R]) -> R | Ended:
+    """work() in a child process: its result, or how the child ended without one."""
+    child = _start(work)
+    while chunk := os.read(child.fd, 1 << 16):
+        child.data += chunk
+    return _finish(child)  # type: ignore[return-value]
+
+
+def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int) -> Iterator[R | Ended]:
+    """work(piece) for every piece, each in a child process of its own, at most `workers`
+    at once; yielded in the order of the pieces."""
+    results: dict[int, object] = {}
+    running: dict[int, tuple[int, _Child]] = {}  # pipe -> (piece index, child)
+    waiting, given = iter(enumerate(pieces)), 0
+    selector = selectors.DefaultSelector()
+    try:
+        while given < len(pieces):
+            while len(running) < max(1, workers) and (nxt := next(waiting, None)) is not None:
+                child = _start(partial(work, nxt[1]))
+                running[child.fd] = (nxt[0], child)
+                selector.register(child.fd, selectors.EVENT_READ)
+            for key, _ in selector.select():
+                i, child = running[key.fd]
+                if chunk := os.read(child.fd, 1 << 16):
+                    child.data += chunk
+                    continue
+                selector.unregister(child.fd)
+                del running[child.fd]
+                results[i] = _finish(child)
+            while given in results:
+                yield results.pop(given)  # type: ignore[misc]
+                given += 1
+    finally:
+        selector.close()
+        for _, child in running.values():  # stopped early (an error, Ctrl-C): no child outlives the caller
+            os.kill(child.pid, signal.SIGKILL)
+            os.close(child.fd)
+            os.waitpid(child.pid, 0)

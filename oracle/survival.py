@@ -1,0 +1,130 @@
+"""A campaign that outlives its engine ending the process (os._exit, a crash in native
+code, the OOM killer). The campaign runs in a process of its own (oracle.isolation) with
+its machine writing each program to a journal (oracle.journal). When that process ends
+without answering, the journal holds the program that ended it: the result is a
+VALID-INPUT finding on that program, shrunk by replaying shorter programs, each in a
+process of its own, while they still end the process the same way in the same step.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from kvoracle.oracle.campaign import RunResult, replay, run_seeds
+from kvoracle.oracle.engine import Scripted
+from kvoracle.oracle.isolation import Ended, in_child
+from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
+from kvoracle.oracle.violations import Baseline, PropertyViolated
+from kvoracle.spec.invariants import Violation
+
+
+def nothing() -> None:
+    """No set-up: a replay's process has what the campaign's had (it is forked)."""
+
+
+def run_seeds_alone(machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int,
+                    baseline: Baseline | None = None) -> tuple[RunResult, Any]:
+    """run_seeds in a process of its own: its result and the machine's tally, or (the
+    engine ended the process) the finding the journal makes of it and the tally as it was."""
+    with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
+        path = Path(where) / "program"
+        answer = in_child(partial(_campaign, machine, path, seeds, examples, steps, baseline))
+        if isinstance(answer, Ended):
+            return ended_result(machine, read(path), answer), getattr(machine, "tally", None)
+        result: tuple[RunResult, Any] = answer
+        return result
+
+
+def _campaign(machine: type[RuleBasedStateMachine], path: Path, seeds: Sequence[int], examples: int, steps: int,
+              baseline: Baseline | None) -> tuple[RunResult, Any]:
+    result = run_seeds(journaled(machine, Journal(path)), seeds, examples=examples, steps=steps, baseline=baseline)
+    return result, getattr(machine, "tally", None)
+
+
+def ended_result(machine: type[RuleBasedStateMachine], lines: Sequence[str], ended: Ended,
+                 prepare: Callable[[], None] = nothing) -> RunResult:
+    """The finding of a campaign whose process ended, from its journal's `lines` (the
+    program it was running). `prepare` sets up a replay's process as the campaign's was."""
+    start = time.perf_counter()
+    program = [line for line in lines if line != TEARDOWN]
+    replayed = shrink(machine, program, lines[-1] if lines else "", ended, prepare) if lines else None
+    shrunk = program if replayed is None else replayed
+    where = ("while the machine built the engine" if not lines else
+             "in the teardown's drain" if lines[-1] == TEARDOWN else f"in step {len(shrunk)}, {_rule(lines[-1])}")
+    note = "" if replayed is not None or not lines else "; it did not end the process again when replayed"
+    violation = PropertyViolated(_rule(lines[-1]) if lines else "__init__",
+                                 [Violation("VALID-INPUT", f"the engine ended the process ({ended}) {where}{note}")])
+    return RunResult(False, violation, tuple(shrunk), ended.seconds + time.perf_counter() - start, ended=ended)
+
+
+def _rule(line: str) -> str:
+    return line.removeprefix("state.").partition("(")[0]
+
+
+def shrink(machine: type[RuleBasedStateMachine], program: Sequence[str], last: str, ended: Ended,
+           prepare: Callable[[], None]) -> list[str] | None:
+    """The shortest program found, by deleting runs of steps (halving their length),
+    whose replay ends the process as `ended` did, with `last` the step it ended in; None
+    when `program` itself does not."""
+    with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
+        path = Path(where) / "replay"
+
+        def ends_alike(steps: Sequence[str]) -> bool:
+            got = in_child(partial(_replay, machine, steps, path, prepare))
+            return isinstance(got, Ended) and got.status == ended.status and read(path)[-1:] == [last]
+
+        if not ends_alike(program):
+            return None
+        body, tail = (list(program), []) if last == TEARDOWN else (list(program[:-1]), list(program[-1:]))
+        size = max(1, len(body) // 2)
+        while body:
+            i = 0
+            while i < len(body):
+                trial = body[:i] + body[i + size:]
+                if ends_alike(trial + tail):
+                    body = trial
+                else:
+                    i += size
+            if size == 1:
+                break
+            size //= 2
+        return body + tail
+
+
+def _quiet() -> None:
+    """A replay's process writes nothing: what the engine prints as it dies was seen once."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+
+
+def _replay(machine: type[RuleBasedStateMachine], steps: Sequence[str], path: Path, prepare: Callable[[], None]) -> bool:
+    _quiet()
+    prepare()
+    replay(journaled(machine, Journal(path)), steps)
+    return True
+
+
+def ended_script(machine: type[RuleBasedStateMachine], steps: Sequence[str], prepare: Callable[[], None] = nothing) -> str:
+    """The engine calls a Scripted adapter makes replaying `steps` until its process ends,
+    as source text ('' when the replay did not end the process)."""
+    with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
+        path = Path(where) / "script"
+        got = in_child(partial(_teed, machine, steps, path, prepare))
+        return path.read_text(encoding="utf-8") if isinstance(got, Ended) else ""
+
+
+def _teed(machine: type[RuleBasedStateMachine], steps: Sequence[str], path: Path, prepare: Callable[[], None]) -> bool:
+    _quiet()
+    prepare()
+    Scripted.tee = Journal(path)
+    replay(machine, steps)
+    return True

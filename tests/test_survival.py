@@ -1,0 +1,118 @@
+"""An engine that ends its process (os._exit, a crash in native code, the OOM killer)
+ends only its campaign, as a VALID-INPUT finding with a shrunk program and, for a
+Scripted adapter, a reproduction that ends its process the same way."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvoracle.oracle.cli import Job, Settings, campaign_of, run_jobs
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.findings import run_reproduction
+from kvoracle.oracle.isolation import Ended, in_children
+from kvoracle.oracle.targets import Target
+from kvoracle.spec.actions import EvictStep
+from kvoracle.spec.types import Outcome, TransferId
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ROOT / "docs" / "examples" / "toy_engine.py"
+
+
+def ends(x: int) -> int:
+    if x == 1:
+        os._exit(7)
+    if x == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+    if x == 3:
+        raise ValueError("an error, not an ending")
+    return x * 10
+
+
+def test_each_piece_answers_or_says_how_its_process_ended() -> None:
+    got = list(in_children(ends, [0, 1, 2, 4], 2))
+    assert got[0] == 0 and got[3] == 40
+    assert isinstance(got[1], Ended) and got[1].status == 7 and str(got[1]) == "exited with status 7"
+    assert isinstance(got[2], Ended) and str(got[2]) == "killed by SIGKILL"
+    with pytest.raises(ValueError, match="an error, not an ending") as raised:
+        list(in_children(ends, [3], 1))
+    assert "raised in a child process" in "".join(raised.value.__notes__)
+
+
+def test_a_journaled_machine_draws_the_same_programs(tmp_path: Path) -> None:
+    target = Target("reference", "cache", None, ReferenceCache)
+    plain = campaign_of(target, [0], 10, 30)
+    journaled = campaign_of(target, [0], 10, 30, journal=tmp_path / "journal")
+    assert plain[1] == journaled[1]  # the same steps, faults, bad inputs, rules and outcomes
+    assert (tmp_path / "journal").read_text().endswith("state.teardown()\n")
+
+
+class SegfaultingCache(ReferenceCache):
+    """An engine whose native code dereferences a null pointer once three transfers fly."""
+
+    name = "segfaulting"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        if len(self.in_flight()) >= 3:
+            ctypes.string_at(0)
+        super().complete(t, outcome)
+
+
+class DrainEndingCache(ReferenceCache):
+    """An engine that ends the process when asked to evict its whole CPU tier at once:
+    only the teardown's drain asks that (a step asks for 4 blocks at most)."""
+
+    name = "drain-ending"
+    cpu_blocks = 5
+
+    def evict_cpu(self, n: int) -> tuple[EvictStep, ...]:
+        if n == self.cpu_blocks:
+            os._exit(4)
+        return super().evict_cpu(n)
+
+
+def test_an_engine_that_ends_its_process_is_a_finding_and_the_campaign_goes_on() -> None:
+    jobs = [Job(Target(a.name, "cache", None, a), [0], 30, 40, False, Settings(step_timeout=0))
+            for a in (SegfaultingCache, ReferenceCache)]
+    crashed, after = run_jobs(jobs, 1, None)
+    assert after.verdict == "pass"
+    assert crashed.verdict == "FAIL" and crashed.first_id == "VALID-INPUT"
+    assert crashed.result is not None and crashed.result.ended is not None
+    found, steps = crashed.result.violation, crashed.result.counterexample
+    assert found is not None and "the engine ended the process (killed by SIGSEGV)" in str(found)
+    assert steps and steps[-1].startswith(f"state.{found.step}(")  # it ended in the program's last step
+    assert f"in step {len(steps)}, {found.step}" in str(found)
+
+
+def test_an_ending_in_the_drain_is_reported_there() -> None:
+    [row] = run_jobs([Job(Target("drain-ending", "cache", None, DrainEndingCache), [0], 10, 20, False)], 1, None)
+    assert row.result is not None
+    assert "the engine ended the process (exited with status 4) in the teardown's drain" in str(row.result.violation)
+
+
+def test_a_scripted_engine_that_ends_its_process_gets_a_reproduction_that_ends_too(tmp_path: Path) -> None:
+    """The toy engine with its planted bug fixed and a fatal-error handler that exits when
+    a request finishes while three run."""
+    fixed = TOY.read_text().replace(
+        "self.free_list.append(b)  # BUG: the hash map still points at b",
+        "self.free_list.append(b)\n            self.cached = {h: x for h, x in self.cached.items() if x != b}")
+    fatal = "    def finish(self, rid: str) -> None:\n"
+    ending = fixed.replace(fatal, fatal + "        if len(self.tables) >= 3:\n            os._exit(9)\n", 1)
+    assert ending != fixed and "BUG" not in fixed
+    (tmp_path / "ending_engine.py").write_text(ending.replace("from toy_engine import", "from ending_engine import"))
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           f"{tmp_path}/ending_engine.py:ToyAdapter", "--seeds", "1", "--examples", "40",
+                           "--repro-dir", str(tmp_path / "repro")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stdout.count("the engine ended the process (exited with status 9)") == 2  # valid, then bad input
+    assert "fails standalone with ProcessEnded: exited with status 9" in done.stdout
+    [repro, *_] = sorted((tmp_path / "repro").glob("toy_finish_valid_input.py"))
+    assert run_reproduction(repro) == "ProcessEnded: exited with status 9"
+    (tmp_path / "ending_engine.py").write_text(fixed.replace("from toy_engine import", "from ending_engine import"))
+    assert run_reproduction(repro) == ""  # the engine fixed: the same calls pass
