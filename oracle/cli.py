@@ -235,10 +235,12 @@ def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: st
     names = [f"{job.target.name} ({job.target.level})" for job in jobs] + ["done"]
     progress(sys.stderr, 0, len(jobs), names[0])
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
-        jobs = [replace(job, journal="" if ray is not None else f"{where}/{i}") for i, job in enumerate(jobs)]
+        here = ray in (None, LOCAL)  # a remote node's journal is on its own disk
+        jobs = [replace(job, journal=f"{where}/{i}" if here else "") for i, job in enumerate(jobs)]
         for i, (job, answer) in enumerate(zip(jobs, each_alone(run_job, jobs, workers, ray))):
             if isinstance(answer, Ended):
-                result = ended_result(job.target.machine(), read(Path(job.journal)), answer, partial(prepare, job))
+                lines = read(Path(job.journal)) if job.journal else None
+                result = ended_result(job.target.machine(), lines, answer, partial(prepare, job))
                 answer = Done(result, Tally(), result.seconds, {})
             rows.append(target_row(job.target, answer.result, answer.tally, answer.seconds))
             if tracker is not None:

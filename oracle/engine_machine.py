@@ -189,6 +189,9 @@ class EngineMachine(RuleBasedStateMachine):
         before = self.adapter.observe()
         try:
             called = self.adapter.bad_input(kind, rid)
+        except SystemExit as e:  # not a refusal: a bad request must not end the server
+            why = f"the engine exited the process on the bad call {kind.value}: {e!r}"
+            raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         except Exception:
             type(self).tally.bad_inputs += 1
             self._count(name)

@@ -26,13 +26,15 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Ended:
-    """A child that ended without answering: its exit status (>= 0) or -signal, and
-    the seconds it ran."""
+    """A child that ended without answering: its exit status (>= 0) or -signal (None: a
+    Ray worker, whose cluster does not say), and the seconds it ran."""
 
-    status: int
+    status: int | None
     seconds: float = 0.0
 
     def __str__(self) -> str:
+        if self.status is None:
+            return "its worker died"
         if self.status < 0:
             try:
                 return f"killed by {signal.Signals(-self.status).name}"

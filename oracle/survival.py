@@ -49,15 +49,17 @@ def _campaign(machine: type[RuleBasedStateMachine], path: Path, seeds: Sequence[
     return result, getattr(machine, "tally", None)
 
 
-def ended_result(machine: type[RuleBasedStateMachine], lines: Sequence[str], ended: Ended,
+def ended_result(machine: type[RuleBasedStateMachine], lines: Sequence[str] | None, ended: Ended,
                  prepare: Callable[[], None] = nothing) -> RunResult:
     """The finding of a campaign whose process ended, from its journal's `lines` (the
-    program it was running). `prepare` sets up a replay's process as the campaign's was."""
+    program it was running; None: no journal came back, from a remote Ray node).
+    `prepare` sets up a replay's process as the campaign's was."""
     start = time.perf_counter()
-    program = [line for line in lines if line != TEARDOWN]
-    replayed = shrink(machine, program, lines[-1] if lines else "", ended, prepare) if lines else None
+    program = [line for line in lines or () if line != TEARDOWN]
+    replayed = shrink(machine, program, lines[-1], ended, prepare) if lines else None
     shrunk = program if replayed is None else replayed
-    where = ("while the machine built the engine" if not lines else
+    where = ("(no journal: it ran on a remote node)" if lines is None else
+             "while the machine built the engine" if not lines else
              "in the teardown's drain" if lines[-1] == TEARDOWN else f"in step {len(shrunk)}, {_rule(lines[-1])}")
     note = "" if replayed is not None or not lines else "; it did not end the process again when replayed"
     violation = PropertyViolated(_rule(lines[-1]) if lines else "__init__",
@@ -79,7 +81,8 @@ def shrink(machine: type[RuleBasedStateMachine], program: Sequence[str], last: s
 
         def ends_alike(steps: Sequence[str]) -> bool:
             got = in_child(partial(_replay, machine, steps, path, prepare))
-            return isinstance(got, Ended) and got.status == ended.status and read(path)[-1:] == [last]
+            same = ended.status is None or isinstance(got, Ended) and got.status == ended.status  # None: Ray's
+            return isinstance(got, Ended) and same and read(path)[-1:] == [last]
 
         if not ends_alike(program):
             return None

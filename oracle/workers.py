@@ -43,23 +43,28 @@ def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1,
     """work(piece) for every piece, each in a process of its own (forked: it inherits what
     this one loaded, adapters from files included), at most `workers` at once, yielded
     in order; a piece whose process ended without answering yields Ended, and the rest
-    go on. On the Ray cluster at `ray`, Ray's own error for a dead worker is raised."""
+    go on (on the Ray cluster at `ray` too, as Ended with no status: Ray does not say)."""
     if ray is not None:
         yield from _on_ray(work, pieces, ray)
     else:
         yield from in_children(work, pieces, workers)
 
 
-def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R]:
+def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R | Ended]:
     ray = _ray()
     ours = not ray.is_initialized()  # a caller's own Ray session is used as it is, and left running
     if ours:
         _connect(ray, address)
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)
     try:
-        remote = ray.remote(work)
+        remote = ray.remote(max_retries=0)(work)  # a worker the piece ended is its result: no retry
         started = [remote.remote(piece) for piece in pieces]  # all submitted first: they run at once
         for ref in started:
-            result: R = ray.get(ref)
+            try:
+                result: R = ray.get(ref)
+            except died:
+                yield Ended(None)
+                continue
             yield result
     finally:
         if ours:

@@ -5,6 +5,7 @@ Scripted adapter, a reproduction that ends its process the same way."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import signal
 import subprocess
@@ -14,10 +15,14 @@ from pathlib import Path
 import pytest
 
 from kvoracle.oracle.cli import Job, Settings, campaign_of, run_jobs
+from kvoracle.oracle.engine import BadInput
+from kvoracle.oracle.engine_campaign import run_engine
+from kvoracle.oracle.engines import adapter_class
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.findings import run_reproduction
 from kvoracle.oracle.isolation import Ended, in_children
 from kvoracle.oracle.targets import Target
+from kvoracle.oracle.workers import LOCAL
 from kvoracle.spec.actions import EvictStep
 from kvoracle.spec.types import Outcome, TransferId
 
@@ -116,3 +121,29 @@ def test_a_scripted_engine_that_ends_its_process_gets_a_reproduction_that_ends_t
     assert run_reproduction(repro) == "ProcessEnded: exited with status 9"
     (tmp_path / "ending_engine.py").write_text(fixed.replace("from toy_engine import", "from ending_engine import"))
     assert run_reproduction(repro) == ""  # the engine fixed: the same calls pass
+
+
+def test_an_engine_that_exits_on_a_bad_call_is_a_finding_not_a_refusal(tmp_path: Path) -> None:
+    class Exiting(adapter_class("reference")):  # type: ignore[misc]
+        def bad_input(self, kind: BadInput, rid: str | None) -> bool:
+            raise SystemExit(2)  # a request-validation error handled as fatal
+
+    row = run_engine(Exiting, True, [0], 30, 20, tmp_path)
+    found = row.result.violation
+    assert found is not None and found.first_id == "VALID-INPUT"
+    assert "the engine exited the process on the bad call" in str(found)
+    assert row.result.counterexample == (row.result.counterexample[0],)  # shrunk to the bad call alone
+    assert row.result.counterexample[0].startswith("state.bad_input(")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'kvoracle[ray]')")
+def test_on_a_ray_cluster_a_worker_the_engine_ended_is_a_finding_and_the_campaign_goes_on() -> None:
+    from ray import cloudpickle  # the Ray workers cannot import this test file: send its classes by value
+
+    getattr(cloudpickle, "register_pickle_by_value")(sys.modules[__name__])  # untyped
+    jobs = [Job(Target(a.name, "cache", None, a), [0], 30, 40, False, Settings(step_timeout=0))
+            for a in (SegfaultingCache, ReferenceCache)]
+    crashed, after = run_jobs(jobs, 1, None, ray=LOCAL)
+    assert after.verdict == "pass" and crashed.first_id == "VALID-INPUT"
+    assert crashed.result is not None and "the engine ended the process (its worker died) in step" in str(crashed.result.violation)
+    assert crashed.result.counterexample  # the local cluster's worker wrote the journal on this machine's disk
