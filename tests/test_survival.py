@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,14 @@ from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engine_campaign import run_engine
 from kvoracle.oracle.engines import adapter_class
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.findings import run_reproduction
 from kvoracle.oracle.isolation import Ended, in_children
 from kvoracle.oracle.targets import Target
 from kvoracle.oracle.workers import LOCAL
 from kvoracle.spec.actions import EvictStep
-from kvoracle.spec.types import Outcome, TransferId
+from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.spec.types import Outcome, RequestId, TransferId
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "docs" / "examples" / "toy_engine.py"
@@ -93,6 +96,29 @@ def test_an_engine_that_ends_its_process_is_a_finding_and_the_campaign_goes_on()
     assert found is not None and "the engine ended the process (killed by SIGSEGV)" in str(found)
     assert steps and steps[-1].startswith(f"state.{found.step}(")  # it ended in the program's last step
     assert f"in step {len(steps)}, {found.step}" in str(found)
+
+
+class AbortingScheduler(ReferenceScheduler):
+    """An engine whose native fault handler aborts (a failed CHECK) when a preemption's
+    storage or swap I/O meets a fault."""
+
+    name = "aborting"
+
+    def preempt(self, r: RequestId, faults: Sequence[Fault]) -> None:
+        if any(f.kind is not FaultKind.OK for f in faults):
+            os.kill(os.getpid(), signal.SIGABRT)
+        super().preempt(r, faults)
+
+
+def test_an_ending_under_drawn_faults_replays_and_shrinks() -> None:
+    """The scheduler machine's steps carry faults drawn through a function (`_faults(n)`
+    in the journal): the replays must end the same way for the program to shrink."""
+    [row] = run_jobs([Job(Target("aborting", "scheduler", None, AbortingScheduler), [0], 60, 40, False)], 1, None)
+    assert row.result is not None and row.result.violation is not None
+    found = str(row.result.violation)
+    assert "the engine ended the process (killed by SIGABRT)" in found and "did not end the process again" not in found
+    steps = row.result.counterexample
+    assert steps[-1].startswith("state.preempt(f=_faults(") and len(steps) <= 4  # a request admitted, then preempted
 
 
 def test_an_ending_in_the_drain_is_reported_there() -> None:
