@@ -316,6 +316,7 @@ def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
     if row.result is None or row.result.violation is None:
         return
+    use_faults(getattr(row.target.adapter, "fault_kinds", None))  # the campaign's draws (it ran in its own process)
     path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id)}")
 
