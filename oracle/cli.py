@@ -28,7 +28,7 @@ from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.journal import Journal, journaled, read
-from kvoracle.oracle.survival import ended_result
+from kvoracle.oracle.survival import ended_result, quiet
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.unchecked import unchecked
@@ -237,7 +237,8 @@ def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: st
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         here = ray in (None, LOCAL)  # a remote node's journal is on its own disk
         jobs = [replace(job, journal=f"{where}/{i}" if here else "") for i, job in enumerate(jobs)]
-        for i, (job, answer) in enumerate(zip(jobs, each_alone(run_job, jobs, workers, ray))):
+        beats = [Path(job.journal) if job.journal else None for job in jobs]
+        for i, (job, answer) in enumerate(zip(jobs, each_alone(run_job, jobs, workers, ray, beats, quiet()))):
             if isinstance(answer, Ended):
                 lines = read(Path(job.journal)) if job.journal else None
                 result = ended_result(job.target.machine(), lines, answer, partial(prepare, job))

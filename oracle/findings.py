@@ -87,12 +87,12 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
 
 
 def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated,
-                       engine: str) -> str:
+                       engine: str, ended: Ended) -> str:
     """The file text for a program whose engine ended the process: the engine calls it
     made up to that (replayed in a process of their own, their script on disk before
     each call). Run alone, it ends its process the same way while the engine has the
     bug, and passes once the engine survives."""
-    script = ended_script(machine, steps).rstrip()
+    script = ended_script(machine, steps, ended).rstrip()
     return "\n".join([
         _HEADER.format(engine=engine, id=violation.first_id),
         f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
@@ -115,9 +115,10 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
     text = (reproduction(machine, result.counterexample, result.violation) if result.ended is None else
-            ended_reproduction(machine, result.counterexample, result.violation, engine))
+            ended_reproduction(machine, result.counterexample, result.violation, engine, result.ended))
     path.write_text(text, encoding="utf-8")
-    hung = watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less for it
+    silent = result.ended is not None and result.ended.silent > 0
+    hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less
     return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
 
 

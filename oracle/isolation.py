@@ -15,9 +15,10 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -31,8 +32,11 @@ class Ended:
 
     status: int | None
     seconds: float = 0.0
+    silent: float = 0.0  # > 0: it gave no sign of life for that long, and its parent killed it
 
     def __str__(self) -> str:
+        if self.silent:
+            return f"gave no sign of life for {self.silent:g} s (stuck where no timer reaches), so it was killed"
         if self.status is None:
             return "its worker died"
         if self.status < 0:
@@ -53,6 +57,8 @@ class _Child:
     fd: int
     data: bytearray
     started: float
+    beat: Path | None = None  # the file whose modification time is the child's sign of life
+    silenced: float = 0.0  # the silence after which the parent killed it
 
 
 def _start(work: Callable[[], object]) -> _Child:
@@ -93,7 +99,7 @@ def _finish(child: _Child) -> object:
     os.close(child.fd)
     _, status = os.waitpid(child.pid, 0)
     if not child.data:
-        return Ended(os.waitstatus_to_exitcode(status), time.perf_counter() - child.started)
+        return Ended(os.waitstatus_to_exitcode(status), time.perf_counter() - child.started, child.silenced)
     ok, value = pickle.loads(bytes(child.data))
     if ok:
         return value
@@ -104,17 +110,19 @@ def _finish(child: _Child) -> object:
     raise error
 
 
-def in_child(work: Callable[[], R]) -> R | Ended:
-    """work() in a child process: its result, or how the child ended without one."""
-    child = _start(work)
-    while chunk := os.read(child.fd, 1 << 16):
-        child.data += chunk
-    return _finish(child)  # type: ignore[return-value]
+def in_child(work: Callable[[], R], beat: Path | None = None, quiet: float = 0) -> R | Ended:
+    """work() in a child process: its result, or how the child ended without one (see
+    in_children for `beat` and `quiet`)."""
+    answer: R | Ended = next(in_children(lambda _: work(), [None], 1, [beat], quiet))
+    return answer
 
 
-def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int) -> Iterator[R | Ended]:
+def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int,
+                beats: Sequence[Path | None] = (), quiet: float = 0) -> Iterator[R | Ended]:
     """work(piece) for every piece, each in a child process of its own, at most `workers`
-    at once; yielded in the order of the pieces."""
+    at once; yielded in the order of the pieces. With `quiet` > 0, a child whose file
+    `beats[i]` has not been modified for `quiet` seconds (nor it started) is killed: it
+    is stuck where nothing in it can notice."""
     results: dict[int, object] = {}
     running: dict[int, tuple[int, _Child]] = {}  # pipe -> (piece index, child)
     waiting, given = iter(enumerate(pieces)), 0
@@ -123,9 +131,10 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int) -> It
         while given < len(pieces):
             while len(running) < max(1, workers) and (nxt := next(waiting, None)) is not None:
                 child = _start(partial(work, nxt[1]))
+                child.beat = beats[nxt[0]] if nxt[0] < len(beats) else None
                 running[child.fd] = (nxt[0], child)
                 selector.register(child.fd, selectors.EVENT_READ)
-            for key, _ in selector.select():
+            for key, _ in selector.select(timeout=min(quiet / 4, 5.0) if quiet else None):
                 i, child = running[key.fd]
                 if chunk := os.read(child.fd, 1 << 16):
                     child.data += chunk
@@ -133,6 +142,8 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int) -> It
                 selector.unregister(child.fd)
                 del running[child.fd]
                 results[i] = _finish(child)
+            if quiet:
+                _silence(running.values(), quiet)
             while given in results:
                 yield results.pop(given)  # type: ignore[misc]
                 given += 1
@@ -142,3 +153,18 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int) -> It
             os.kill(child.pid, signal.SIGKILL)
             os.close(child.fd)
             os.waitpid(child.pid, 0)
+
+
+def _silence(running: Iterable[tuple[int, _Child]], quiet: float) -> None:
+    """Kill each child silent for `quiet` seconds (its pipe then closes, and it is finished as Ended)."""
+    now = time.time()
+    for _, child in running:
+        if child.beat is None or child.silenced:
+            continue
+        try:
+            last = child.beat.stat().st_mtime
+        except FileNotFoundError:
+            last = 0.0
+        if now - max(last, now - (time.perf_counter() - child.started)) > quiet:
+            child.silenced = quiet
+            os.kill(child.pid, signal.SIGKILL)

@@ -17,6 +17,8 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from kvoracle.oracle import watchdog
+
 TEARDOWN = "state.teardown()"  # the last line when the process ended in the teardown (its drain)
 _RULE = "hypothesis_stateful_rule"  # where Hypothesis's @rule leaves a rule (Hypothesis is pinned)
 
@@ -34,6 +36,10 @@ class Journal:
 
     def write(self, line: str) -> None:
         os.write(self._fd, (line.replace("\n", " ") + "\n").encode())
+
+    def beat(self) -> None:
+        """A sign of life without a line: the file's modification time is now."""
+        os.utime(self._fd)
 
     def rewrite(self, lines: Sequence[str]) -> None:
         """Hold exactly `lines` (their text may span lines)."""
@@ -68,6 +74,7 @@ def journaled(machine: type[RuleBasedStateMachine], journal: Journal) -> type[Ru
 def _restarting(machine: type[RuleBasedStateMachine], journal: Journal) -> Callable[[Any], None]:
     def __init__(self: Any) -> None:
         journal.restart()
+        watchdog.beat_with(journal.beat)  # each engine call is a sign of life too (a step may make many)
         machine.__init__(self)
     return __init__
 

@@ -19,11 +19,24 @@ from typing import Any
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.campaign import RunResult, replay, run_seeds
+from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import Scripted
 from kvoracle.oracle.isolation import Ended, in_child
 from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
 from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
+
+
+GRACE = [60.0]  # seconds past the step timeout a campaign's process may give no sign of life
+REPLAY_GRACE = 3.0  # the same for a replay of a program that went silent (the silence was seen once)
+
+
+def quiet() -> float:
+    """How long a campaign's process may give no sign of life (a step journaled, an
+    engine call started) before it is killed: the step timeout plus GRACE; 0, never,
+    with no step timeout. The watchdog interrupts a hung call in Python; this ends
+    one stuck where SIGALRM cannot reach (native code that never returns to Python)."""
+    return watchdog.LIMIT[0] + GRACE[0] if watchdog.LIMIT[0] else 0.0
 
 
 def nothing() -> None:
@@ -36,7 +49,7 @@ def run_seeds_alone(machine: type[RuleBasedStateMachine], seeds: Sequence[int], 
     engine ended the process) the finding the journal makes of it and the tally as it was."""
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         path = Path(where) / "program"
-        answer = in_child(partial(_campaign, machine, path, seeds, examples, steps, baseline))
+        answer = in_child(partial(_campaign, machine, path, seeds, examples, steps, baseline), path, quiet())
         if isinstance(answer, Ended):
             return ended_result(machine, read(path), answer), getattr(machine, "tally", None)
         result: tuple[RunResult, Any] = answer
@@ -83,11 +96,12 @@ def shrink(machine: type[RuleBasedStateMachine], program: Sequence[str], last: s
             """The replay ends as `ended` did (None: Ray's, which does not say how) in the
             same step: its last, or the teardown. (The replay's journal counts its steps; a
             value Hypothesis drew through a function prints as that value outside a run.)"""
-            got = in_child(partial(_replay, machine, steps, path, prepare))
+            got = in_child(partial(_replay, machine, steps, path, prepare), path, _replay_quiet(ended))
             ran = read(path)
             where = ran[-1:] == [TEARDOWN] if last == TEARDOWN else len(ran) == len(steps) and ran[-1:] != [TEARDOWN]
-            same = ended.status is None or isinstance(got, Ended) and got.status == ended.status
-            return isinstance(got, Ended) and same and where
+            if not isinstance(got, Ended) or bool(got.silent) != bool(ended.silent):
+                return False
+            return where and (ended.status is None or got.status == ended.status)
 
         if not ends_alike(program):
             return None
@@ -121,18 +135,26 @@ def _replay(machine: type[RuleBasedStateMachine], steps: Sequence[str], path: Pa
     return True
 
 
-def ended_script(machine: type[RuleBasedStateMachine], steps: Sequence[str], prepare: Callable[[], None] = nothing) -> str:
+def ended_script(machine: type[RuleBasedStateMachine], steps: Sequence[str], ended: Ended,
+                 prepare: Callable[[], None] = nothing) -> str:
     """The engine calls a Scripted adapter makes replaying `steps` until its process ends,
     as source text ('' when the replay did not end the process)."""
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         path = Path(where) / "script"
-        got = in_child(partial(_teed, machine, steps, path, prepare))
+        beat = Path(where) / "program"
+        got = in_child(partial(_teed, machine, steps, path, beat, prepare), beat, _replay_quiet(ended))
         return path.read_text(encoding="utf-8") if isinstance(got, Ended) else ""
 
 
-def _teed(machine: type[RuleBasedStateMachine], steps: Sequence[str], path: Path, prepare: Callable[[], None]) -> bool:
+def _teed(machine: type[RuleBasedStateMachine], steps: Sequence[str], path: Path, beat: Path,
+          prepare: Callable[[], None]) -> bool:
     _quiet()
     prepare()
     Scripted.tee = Journal(path)
-    replay(machine, steps)
+    replay(journaled(machine, Journal(beat)), steps)
     return True
+
+
+def _replay_quiet(ended: Ended) -> float:
+    """A replay of a program that went silent is killed sooner: the silence was seen once."""
+    return watchdog.AFTER_HANG + REPLAY_GRACE if ended.silent else quiet()

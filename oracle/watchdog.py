@@ -13,14 +13,15 @@ costs that much instead of the full limit.
 The timer is SIGALRM, so it works in the main thread of a POSIX process (a campaign's
 own, or a worker's: processes run their jobs there); elsewhere nothing is watched. It
 interrupts Python code and blocking waits (locks, queues, sleeps), not a C extension
-that loops without returning to the interpreter.
+that loops without returning to the interpreter: each `kick` is also a sign of life
+(`beat_with`), which the parent of a campaign's process watches (oracle.survival).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -63,8 +64,19 @@ class _Timer:
 _active: list[_Timer] = []  # the running campaign's timer, if any
 
 
+_beats: list[Callable[[], None]] = []  # a campaign in a process of its own: the sign of life its parent watches
+
+
+def beat_with(beat: Callable[[], None]) -> None:
+    """Call `beat` as each engine call starts (oracle.survival: the parent of a process
+    whose engine is stuck in native code, where SIGALRM cannot reach, sees no beat)."""
+    _beats[:] = [beat]
+
+
 def kick() -> None:
     """An engine call starts: it has the limit from now (a no-op outside `watching`)."""
+    for beat in _beats:
+        beat()
     if _active:
         _active[-1].kick()
 

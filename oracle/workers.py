@@ -11,6 +11,7 @@ import multiprocessing
 import socket
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kvoracle.oracle.isolation import Ended, in_children
@@ -38,16 +39,17 @@ def in_order(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray:
         yield answer
 
 
-def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1,
-               ray: str | None = None) -> Iterator[R | Ended]:
+def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray: str | None = None,
+               beats: Sequence[Path | None] = (), quiet: float = 0) -> Iterator[R | Ended]:
     """work(piece) for every piece, each in a process of its own (forked: it inherits what
     this one loaded, adapters from files included), at most `workers` at once, yielded
     in order; a piece whose process ended without answering yields Ended, and the rest
-    go on (on the Ray cluster at `ray` too, as Ended with no status: Ray does not say)."""
+    go on (on the Ray cluster at `ray` too, as Ended with no status: Ray does not say).
+    `beats` and `quiet`: a local piece silent that long is killed (isolation.in_children)."""
     if ray is not None:
         yield from _on_ray(work, pieces, ray)
     else:
-        yield from in_children(work, pieces, workers)
+        yield from in_children(work, pieces, workers, beats, quiet)
 
 
 def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R | Ended]:

@@ -10,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from kvoracle.oracle import survival, watchdog
 from kvoracle.oracle.cli import Job, Settings, campaign_of, run_jobs
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engine_campaign import run_engine
@@ -119,6 +121,36 @@ def test_an_ending_under_drawn_faults_replays_and_shrinks() -> None:
     assert "the engine ended the process (killed by SIGABRT)" in found and "did not end the process again" not in found
     steps = row.result.counterexample
     assert steps[-1].startswith("state.preempt(f=_faults(") and len(steps) <= 4  # a request admitted, then preempted
+
+
+class NativeHangCache(ReferenceCache):
+    """An engine stuck where SIGALRM cannot reach once three transfers fly (the signal is
+    blocked, as in native code that never returns to Python): the watchdog cannot
+    interrupt it; only the parent, which sees no sign of life, can end it."""
+
+    name = "native-hang"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        if len(self.in_flight()) >= 3:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(3600)
+        super().complete(t, outcome)
+
+
+def test_an_engine_stuck_where_no_timer_reaches_is_killed_and_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "LIMIT", [1.0])
+    monkeypatch.setattr(survival, "GRACE", [2.0])  # silent for 3 s: killed
+    monkeypatch.setattr(watchdog, "AFTER_HANG", 0.5)
+    monkeypatch.setattr(survival, "REPLAY_GRACE", 0.5)  # a replay silent for 1 s: killed
+    jobs = [Job(Target(a.name, "cache", None, a), [0], 30, 40, False, Settings(step_timeout=1))
+            for a in (NativeHangCache, ReferenceCache)]
+    stuck, after = run_jobs(jobs, 1, None)
+    assert after.verdict == "pass"
+    assert stuck.result is not None and stuck.result.ended is not None and stuck.result.ended.silent == 3.0
+    found = str(stuck.result.violation)
+    assert "gave no sign of life for 3 s" in found and "did not end the process again" not in found
+    steps = stuck.result.counterexample  # shrunk by replays that went silent too
+    assert steps and steps[-1].startswith(f"state.{stuck.result.violation.step}(")  # type: ignore[union-attr]
 
 
 def test_an_ending_in_the_drain_is_reported_there() -> None:
