@@ -39,6 +39,11 @@ class RunResult:
         return "" if self.violation is None else self.violation.first_id
 
 
+def counts(result: RunResult | None, *numbers: int) -> list[str]:
+    """A row's tallies as printed: '-' for a campaign whose process ended (they ended with it)."""
+    return ["-" if result is not None and result.ended is not None else str(n) for n in numbers]
+
+
 def run_machine(
     machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True,
     baseline: Baseline | None = None,

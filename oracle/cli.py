@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 
 from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
 from kvoracle.oracle import campaign
-from kvoracle.oracle.campaign import RunResult, programs_per_seed, readable, run_seeds
+from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, readable, run_seeds
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
 from kvoracle.oracle.findings import standalone, write_reproduction
@@ -98,7 +98,7 @@ def progress(out: TextIO, done: int, total: int, label: str) -> None:
 def table(rows: Sequence[Row]) -> str:
     head = ("target", "level", "steps", "faults", "bad inputs", "verdict", "first violated", "shrunk", "time")
     body = [
-        (r.target.name, r.target.level, str(r.steps), str(r.faults), str(r.bad_inputs), r.verdict,
+        (r.target.name, r.target.level, *counts(r.result, r.steps, r.faults, r.bad_inputs), r.verdict,
          r.first_id or "-", str(r.shrunk) if r.result else "-", f"{r.seconds:.1f}s")
         for r in rows
     ]
@@ -283,6 +283,7 @@ def write_json(path: str, rows: Sequence[Row]) -> None:
         "bad_inputs": r.bad_inputs, "verdict": r.verdict, "first_id": r.first_id,
         "shrunk": r.shrunk if r.result else None, "seconds": round(r.seconds, 2), "outcomes": r.outcomes,
         "first_catch": r.result.first_catch if r.result else None, "known": r.known,
+        "ended": str(r.result.ended) if r.result and r.result.ended else None,  # its counts then ended with it
         "violation": str(r.result.violation) if r.result else None,
         "counterexample": [readable(s) for s in r.result.counterexample] if r.result else [],
     } for r in rows]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvoracle.oracle.campaign import RunResult
+from kvoracle.oracle.campaign import RunResult, counts
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.findings import confirms, write_reproduction
@@ -69,7 +69,7 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
 def engine_table(rows: Sequence[EngineRow]) -> str:
     head = ("target", "steps", "refused", "bad inputs", "tolerated", "verdict", "first violated", "shrunk", "time")
     body = [
-        (r.target, str(r.tally.steps), str(r.tally.refused), str(r.tally.bad_inputs), str(r.tally.tolerated),
+        (r.target, *counts(r.result, r.tally.steps, r.tally.refused, r.tally.bad_inputs, r.tally.tolerated),
          r.verdict, r.result.first_id or "-", str(len(r.result.counterexample)) if not r.result.passed else "-",
          f"{r.seconds:.1f}s")
         for r in rows

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +176,7 @@ def test_a_scripted_engine_that_ends_its_process_gets_a_reproduction_that_ends_t
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stdout.count("the engine ended the process (exited with status 9)") == 2  # valid, then bad input
     assert "fails standalone with ProcessEnded: exited with status 9" in done.stdout
+    assert re.search(r"^toy\s+-\s+-\s+-\s+-\s+VIOLATION\s+VALID-INPUT", done.stdout, re.M)  # its counts ended with it
     [repro, *_] = sorted((tmp_path / "repro").glob("toy_finish_valid_input.py"))
     assert run_reproduction(repro) == "ProcessEnded: exited with status 9"
     (tmp_path / "ending_engine.py").write_text(fixed.replace("from toy_engine import", "from ending_engine import"))
