@@ -5,11 +5,13 @@ a block file cut short, a flipped byte, a file gone, another block's file in its
 
 Every damage is something DirectoryStorage must survive: a read stops at the first block
 it cannot validate (a short read, which the transfer protocol already handles), and a
-write to a volume that is gone reports that nothing was written.
+write to a volume that is gone reports that nothing was written. What a write reports
+is checked at once, before any damage: each block it counts reads back as written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import weakref
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvoracle.kvcache.storage import DirectoryStorage
+from kvoracle.spec.invariants import Content, Violation, inv_content
 from kvoracle.spec.types import BlockHash
 
 DAMAGE = ("truncate", "corrupt", "delete", "misplace", "unmount", "remount")
@@ -34,12 +37,21 @@ class Disk:
         root = Path(tempfile.mkdtemp(prefix="kvoracle-disk-"))
         self.backend = make(str(root))
         self.written: dict[BlockHash, None] = {}  # in the order first written (a dict keeps it)
+        self.unfaithful: list[Violation] = []  # what `taken` reports next
         weakref.finalize(self, _remove, root, root.with_name(root.name + _AWAY))
 
     def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:
         done = self.backend.write(blocks)
         self.written.update(dict.fromkeys(h for h, _ in blocks[:done]))
+        self.unfaithful += _read_back(self.backend, blocks[:done])
         return done
+
+    def taken(self) -> list[Violation]:
+        """INV-CONTENT on the storage tier: each block a write since the last call reported
+        as written, read back at once (no damage comes within a call), holds what was
+        written. A disk may lose a block later; a write may not report one it never wrote."""
+        found, self.unfaithful = self.unfaithful, []
+        return found
 
     def read(self, hashes: Sequence[BlockHash]) -> list[bytes]:
         return self.backend.read(hashes)
@@ -68,6 +80,17 @@ class Disk:
                 _misplace(self.backend._path(names[(i - 1) % len(names)]), block)
             else:
                 _damage_file(block, how)
+
+
+def _read_back(backend: DirectoryStorage, blocks: Sequence[tuple[BlockHash, bytes]]) -> list[Violation]:
+    got = backend.read([h for h, _ in blocks])  # the longest leading run present and valid
+    got += [b""] * (len(blocks) - len(got))  # a block reported written but absent reads as nothing
+    return inv_content([Content("storage", h, _fingerprint(data), _fingerprint(have))
+                        for (h, data), have in zip(blocks, got)])
+
+
+def _fingerprint(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _damage_file(block: Path, how: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,9 +16,11 @@ from kvoracle.kvcache import storage as storage_module
 from kvoracle.kvcache.storage import HEADER_SIZE, DirectoryStorage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import run_seeds
+from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.disk import DAMAGE, Disk
 from kvoracle.oracle.engines.reference_scheduler import ReferenceSchedulerOnDisk
 from kvoracle.oracle.scheduler_machine import DiskMachine, scheduler_level_machine
+from kvoracle.oracle.targets import Target
 from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec.types import BlockHash
 
@@ -176,3 +178,45 @@ def test_a_storage_tier_whose_checksum_leaves_out_the_hash_is_caught() -> None:
     planted bug serves the other block's bytes (INV-CONTENT)."""
     assert damaged_then_read(ReferenceSchedulerOnDisk, "misplace") == "pass"
     assert damaged_then_read(HashBlindOnDisk, "misplace") == "INV-CONTENT"
+
+
+class OverReportingStorage(DirectoryStorage):
+    """A planted bug (the sixth blind run's): a write counts each block before writing it,
+    so a write that fails part-way (the volume gone) reports one block it never wrote,
+    and the cache records that block as stored."""
+
+    def write(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> int:
+        done = 0
+        try:
+            for h, data in blocks:
+                done += 1
+                self._write_one(h, bytes(data))
+        except OSError:
+            pass
+        if done:
+            self._sync_dir()
+        return done
+
+
+def test_a_write_that_reports_a_block_it_never_wrote_is_caught() -> None:
+    disk = Disk(OverReportingStorage)
+    disk.damage("unmount", 0)
+    assert disk.write([(BlockHash(1), b"kv of block 1")]) == 1  # the lie
+    [found] = disk.taken()
+    assert found.id == "INV-CONTENT" and "storage block" in found.message
+    assert disk.taken() == []  # reported once
+    honest = Disk()
+    honest.damage("unmount", 0)
+    assert honest.write([(BlockHash(1), b"kv of block 1")]) == 0 and honest.taken() == []
+
+
+class OverReportingOnDisk(ReferenceSchedulerOnDisk):
+    storage = "Disk(OverReportingStorage)"
+
+    def given(self) -> dict[str, object]:
+        return {**super().given(), "OverReportingStorage": OverReportingStorage}
+
+
+def test_the_scheduler_machine_catches_a_storage_tier_that_over_reports_its_writes() -> None:
+    row = run_target(Target("over-reporting", "scheduler", None, OverReportingOnDisk), [0, 1, 2], 150, 100)
+    assert row.verdict == "FAIL" and row.first_id == "INV-CONTENT", row.result

@@ -18,6 +18,7 @@ from kvoracle.kvcache.errors import (
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import default_backend
+from kvoracle.oracle.disk import Disk
 from kvoracle.oracle.engine import NOBODY, BadInput, Observation, Scripted, import_as
 from kvoracle.oracle.engines.reference_cache import cpu_observation, gpu_observation
 from kvoracle.scheduler.content import content
@@ -209,3 +210,9 @@ class ReferenceSchedulerOnDisk(ReferenceScheduler):
 
     def damage_storage(self, how: str, i: int) -> None:
         self.run(f"store.damage({how!r}, {i})")
+
+    def content(self) -> list[Violation]:
+        """INV-CONTENT of the blocks, and of what each storage write reported written."""
+        disk = self.namespace["store"]
+        assert isinstance(disk, Disk)
+        return super().content() + disk.taken()
