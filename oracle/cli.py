@@ -68,11 +68,17 @@ def campaign_of(target: Target, seeds: Sequence[int], examples: int, steps: int,
     """Its result, its machine's tally and its seconds (`journal`: the machine writes each
     program there, for the parent of a process the engine may end)."""
     machine = target.machine()
-    use_faults(getattr(target.adapter, "fault_kinds", None))
+    use_target_faults(target)
     start = time.perf_counter()
     result = run_seeds(machine if journal is None else journaled(machine, Journal(journal)), seeds,
                        examples=programs_per_seed(target.level, examples), steps=steps, baseline=baseline)
     return result, tally_of(machine), time.perf_counter() - start
+
+
+def use_target_faults(target: Target) -> None:
+    """Draw the faults the target's engine can suffer, in this process (its adapter's
+    `fault_kinds`), as its campaign, a replay and a reproduction must."""
+    use_faults(getattr(target.adapter, "fault_kinds", None))
 
 
 def target_row(target: Target, result: RunResult, tally: Tally, seconds: float) -> Row:
@@ -253,7 +259,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: st
 def prepare(job: Job) -> None:
     """A replay's process set up as the job's was."""
     job.settings.apply()
-    use_faults(getattr(job.target.adapter, "fault_kinds", None))
+    use_target_faults(job.target)
 
 
 def coverage_tracker(args: argparse.Namespace) -> Tracker | None:
@@ -318,7 +324,7 @@ def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
     if row.result is None or row.result.violation is None:
         return
-    use_faults(getattr(row.target.adapter, "fault_kinds", None))  # the campaign's draws (it ran in its own process)
+    use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
     path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id)}")
 

@@ -56,13 +56,9 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     state = replay_state(machine, steps)
     adapter = adapter_of(state)
     pid = violation.first_id
-    header = [
-        _HEADER.format(engine=getattr(adapter, "name", type(adapter).__name__), id=pid),
-        f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
-        *(f"# {line}" for line in str(violation).splitlines()),
-        "# Run it in the engine's environment (kvoracle installed); it fails with the ID above while the",
-        "# engine has the bug.",
-    ]
+    header = _header(getattr(adapter, "name", type(adapter).__name__), steps, violation,
+                     "# Run it in the engine's environment (kvoracle installed); it fails with the ID above while the",
+                     "# engine has the bug.")
     preamble, *calls = adapter.script()
     cut = min(getattr(state, "mark", len(calls)), len(calls))  # the machines note it before each call
     source, live = adapter_source(type(adapter)), expected_live(state)
@@ -86,6 +82,13 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
 
 
+def _header(engine: str, steps: Sequence[str], violation: PropertyViolated, *how_to_run: str) -> list[str]:
+    """A reproduction's first lines: the engine and ID, the program, what it found, how to run it."""
+    return [_HEADER.format(engine=engine, id=violation.first_id),
+            f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
+            *(f"# {line}" for line in str(violation).splitlines()), *how_to_run]
+
+
 def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated,
                        engine: str, ended: Ended) -> str:
     """The file text for a program whose engine ended the process: the engine calls it
@@ -94,11 +97,9 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
     bug, and passes once the engine survives."""
     script = ended_script(machine, steps, ended).rstrip()
     return "\n".join([
-        _HEADER.format(engine=engine, id=violation.first_id),
-        f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
-        *(f"# {line}" for line in str(violation).splitlines()),
-        "# Run it in the engine's environment (kvoracle installed): it ends its process while the engine has",
-        "# the bug, and passes once the engine survives these calls.",
+        *_header(engine, steps, violation,
+                 "# Run it in the engine's environment (kvoracle installed): it ends its process while the engine has",
+                 "# the bug, and passes once the engine survives these calls."),
         "",
         script or "# the replay did not end the process: no engine calls to write",
         "",
