@@ -21,6 +21,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="programs per adapter (default 100)")
     group.addoption("--kvoracle-steps", type=int, default=50, metavar="N", help="max steps per program (default 50)")
     group.addoption("--kvoracle-seed", type=int, default=0, metavar="N", help="seed of the programs (default 0)")
+    group.addoption("--kvoracle-isolated", action="store_true",
+                    help="run each adapter's machine in a forked process: an engine that ends the process fails "
+                         "its test with the program that ended it, and the session goes on (not once CUDA is "
+                         "initialised in the session)")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,18 +41,26 @@ class AdapterItem(pytest.Item):
     def runtest(self) -> None:
         from hypothesis import HealthCheck, settings
         from hypothesis import seed as seeded
-        from hypothesis.stateful import get_state_machine_test
+        from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
         from kvoracle.oracle.campaign import seed_alone
         from kvoracle.oracle.engines import load_adapter
+        from kvoracle.oracle.survival import alone
         from kvoracle.testing import machine_for
 
         machine = machine_for(load_adapter(self.spec))
         opt = self.config.getoption
         config = settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
                           deadline=None, database=None, suppress_health_check=list(HealthCheck))
-        with seed_alone():  # the same programs whatever the test session loaded
-            seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+
+        def run(machine: type[RuleBasedStateMachine]) -> None:
+            with seed_alone():  # the same programs whatever the test session loaded
+                seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+
+        if opt("kvoracle_isolated"):
+            alone(machine, run)
+        else:
+            run(machine)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return Path(self.spec.rpartition(":")[0]), None, f"kvoracle machine on {self.spec}"

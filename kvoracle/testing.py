@@ -15,6 +15,12 @@ TieredAdapter, `scheduler_machine` for a SchedulerAdapter. A failure raises
 PropertyViolated, whose message names the property ID and the call after which it
 broke; Hypothesis prints the shrunk program. The examples and steps come from the
 active Hypothesis settings profile, or from `settings` given here.
+
+With `isolated=True`, the test runs its machine in a forked process of its own: an
+engine that ends the process (os._exit, a crash in native code, a hang no timer
+reaches) fails this test with the VALID-INPUT finding and the shrunk program that ended
+it, and the test session goes on. Fork copies the process: leave it off once the
+session has initialised CUDA (a forked child cannot use it).
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 from hypothesis import settings as Settings
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvoracle.oracle.cache_machine import CacheMachine, Tally
 from kvoracle.oracle.engine import EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, scheduler_level_machine
 from kvoracle.oracle.serving import SchedulerAdapter
+from kvoracle.oracle.survival import alone
 from kvoracle.oracle.tiered import TieredAdapter
 from kvoracle.oracle.violations import PropertyViolated
 
@@ -44,40 +51,57 @@ def _named(adapter: Callable[[], object]) -> str:
 
 
 def _machine(base: type[M], adapter: Callable[[], object], attrs: dict[str, object],
-             settings: Settings | None) -> type[M]:
+             settings: Settings | None, isolated: bool) -> type[M]:
     attrs["make_adapter"] = staticmethod(adapter)
     machine = cast(type[M], type(f"{base.__name__}_{_named(adapter)}", (base,), attrs))
     if settings is not None:
         machine.TestCase.settings = settings
+    if isolated:
+        _isolate(machine)
     return machine
 
 
-def cache_machine(adapter: Callable[[], TieredAdapter], *, settings: Settings | None = None) -> type[CacheMachine]:
+def _isolate(machine: type[RuleBasedStateMachine]) -> None:
+    """machine.TestCase runs the machine in a process of its own (survival.alone)."""
+    case = machine.TestCase
+
+    class Isolated(case):  # type: ignore[valid-type,misc]
+        def runTest(self) -> None:
+            alone(machine, lambda journaled: run_state_machine_as_test(journaled, settings=self.settings))
+
+    Isolated.__name__, Isolated.__qualname__ = case.__name__, case.__qualname__
+    setattr(machine, "TestCase", Isolated)  # a class attribute in place of Hypothesis's descriptor
+
+
+def cache_machine(adapter: Callable[[], TieredAdapter], *, settings: Settings | None = None,
+                  isolated: bool = False) -> type[CacheMachine]:
     """The cache-level machine (tiers, transfers with chosen outcomes, bad input) on `adapter`."""
-    return _machine(CacheMachine, adapter, {"tally": Tally()}, settings)
+    return _machine(CacheMachine, adapter, {"tally": Tally()}, settings, isolated)
 
 
-def scheduler_machine(adapter: Callable[[], SchedulerAdapter], *,
-                      settings: Settings | None = None) -> type[SchedulerMachine]:
+def scheduler_machine(adapter: Callable[[], SchedulerAdapter], *, settings: Settings | None = None,
+                      isolated: bool = False) -> type[SchedulerMachine]:
     """The scheduler-level machine (requests, faults in every I/O call, bad input) on `adapter`;
     the disk machine when the adapter also offers `damage_storage`."""
-    return _machine(scheduler_level_machine(adapter), adapter, {"tally": Tally()}, settings)
+    return _machine(scheduler_level_machine(adapter), adapter, {"tally": Tally()}, settings, isolated)
 
 
 def engine_machine(adapter: Callable[[], EngineAdapter], *, bad_input: bool = False,
-                   settings: Settings | None = None) -> type[EngineMachine]:
+                   settings: Settings | None = None, isolated: bool = False) -> type[EngineMachine]:
     """The request-level machine on `adapter`; with `bad_input`, it also makes the raw bad
     calls the adapter declares."""
-    return _machine(EngineMachine, adapter, {"tally": EngineTally(), "with_bad_input": bad_input}, settings)
+    return _machine(EngineMachine, adapter, {"tally": EngineTally(), "with_bad_input": bad_input}, settings,
+                    isolated)
 
 
-def machine_for(adapter: type, *, settings: Settings | None = None) -> type[RuleBasedStateMachine]:
+def machine_for(adapter: type, *, settings: Settings | None = None,
+                isolated: bool = False) -> type[RuleBasedStateMachine]:
     """The machine of whichever Protocol `adapter` implements (ValueError names what it lacks)."""
     from kvoracle.oracle.engines import protocol_of
 
     level = protocol_of(adapter)
     if level == "cache":
-        return cache_machine(adapter, settings=settings)
+        return cache_machine(adapter, settings=settings, isolated=isolated)
     if level == "scheduler":
-        return scheduler_machine(adapter, settings=settings)
-    return engine_machine(adapter, settings=settings)
+        return scheduler_machine(adapter, settings=settings, isolated=isolated)
+    return engine_machine(adapter, settings=settings, isolated=isolated)

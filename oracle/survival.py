@@ -62,6 +62,25 @@ def _campaign(machine: type[RuleBasedStateMachine], path: Path, seeds: Sequence[
     return result, getattr(machine, "tally", None)
 
 
+def alone(machine: type[RuleBasedStateMachine], run: Callable[[type[RuleBasedStateMachine]], None]) -> None:
+    """run(machine) in a process of its own, the machine journaling each program (for a
+    test runner that must outlive the engine): a failure there is raised here, with the
+    child's traceback as a note; an ending is raised here as the VALID-INPUT finding of
+    the program that ended it, shrunk, with that program as a note."""
+    with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
+        path = Path(where) / "program"
+        answer = in_child(partial(_journaled_run, run, machine, path), path, quiet())
+        if isinstance(answer, Ended):
+            result = ended_result(machine, read(path), answer)
+            assert result.violation is not None  # an ending is always a finding
+            result.violation.add_note("the program that ended it:\n" + "\n".join(result.counterexample))
+            raise result.violation
+
+
+def _journaled_run(run: Callable[[type[RuleBasedStateMachine]], None], machine: type[RuleBasedStateMachine], path: Path) -> None:
+    run(journaled(machine, Journal(path)))
+
+
 def ended_result(machine: type[RuleBasedStateMachine], lines: Sequence[str] | None, ended: Ended,
                  prepare: Callable[[], None] = nothing) -> RunResult:
     """The finding of a campaign whose process ended, from its journal's `lines` (the

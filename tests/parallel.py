@@ -39,7 +39,7 @@ WEIGHTS: dict[str, int] = {
     "test_compiled.py": 57,
     "test_workers.py": 35,
     "test_watchdog.py": 10,
-    "test_survival.py": 28,
+    "test_survival.py": 36,
     "test_audit.py": 31,
     "test_engine_machine.py": 28,
     "test_one_source.py": 27,

@@ -15,8 +15,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import hypothesis
 import pytest
 
+import kvoracle.testing
 from kvoracle.oracle import survival, watchdog
 from kvoracle.oracle.cli import Job, Settings, campaign_of, run_jobs
 from kvoracle.oracle.engine import BadInput
@@ -27,6 +29,7 @@ from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.findings import run_reproduction
 from kvoracle.oracle.isolation import Ended, in_children
 from kvoracle.oracle.targets import Target
+from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.oracle.workers import LOCAL
 from kvoracle.spec.actions import EvictStep
 from kvoracle.kvcache.faults import Fault, FaultKind
@@ -207,3 +210,52 @@ def test_on_a_ray_cluster_a_worker_the_engine_ended_is_a_finding_and_the_campaig
     assert after.verdict == "pass" and crashed.first_id == "VALID-INPUT"
     assert crashed.result is not None and "the engine ended the process (its worker died) in step" in str(crashed.result.violation)
     assert crashed.result.counterexample  # the local cluster's worker wrote the journal on this machine's disk
+
+
+class SoonSegfaultingCache(ReferenceCache):
+    """SegfaultingCache's crash once two transfers fly (a test's own programs reach three seldom)."""
+
+    name = "soon-segfaulting"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        if len(self.in_flight()) >= 2:
+            ctypes.string_at(0)
+        super().complete(t, outcome)
+
+
+def test_in_an_engines_own_tests_an_isolated_machine_fails_its_test_where_the_engine_ends_the_process() -> None:
+    config = hypothesis.settings(max_examples=30, stateful_step_count=40, database=None, deadline=None, derandomize=True)
+    crashing = kvoracle.testing.cache_machine(SoonSegfaultingCache, settings=config, isolated=True).TestCase()
+    with pytest.raises(PropertyViolated, match=r"ended the process \(killed by SIGSEGV\) in step \d+, \w+") as raised:
+        crashing.runTest()
+    program = "".join(raised.value.__notes__).partition("the program that ended it:\n")[2].splitlines()
+    assert program and program[-1].startswith(f"state.{raised.value.step}(")  # the step it ended in comes last
+    kvoracle.testing.cache_machine(ReferenceCache, settings=config, isolated=True).TestCase().runTest()
+
+
+ENDING_PLUGIN_ENGINE = '''
+import os
+from kvoracle.oracle.engines.reference_cache import ReferenceCache
+
+class EndingCache(ReferenceCache):
+    name = "ending"
+
+    def complete(self, t, outcome):
+        if len(self.in_flight()) >= 2:
+            os._exit(9)  # a fatal-error handler
+        super().complete(t, outcome)
+'''
+
+
+def test_the_pytest_plugin_isolated_reports_an_ending_as_a_failed_test_and_the_session_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "ending_engine.py").write_text(ENDING_PLUGIN_ENGINE)
+    (tmp_path / "test_own.py").write_text("def test_the_engines_own_test():\n    pass\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kvoracle-adapter",
+               "ending_engine.py:EndingCache", "--kvoracle-examples", "30", "--kvoracle-steps", "40", "test_own.py"]
+    alone = subprocess.run([*command, "--kvoracle-isolated"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert alone.returncode == 1, alone.stdout[-3000:] + alone.stderr[-2000:]
+    assert "1 failed, 1 passed" in alone.stdout
+    assert "the engine ended the process (exited with status 9) in step" in alone.stdout
+    assert "the program that ended it:" in alone.stdout
+    shared = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert shared.returncode == 9 and "passed" not in shared.stdout  # without it, the session ends with the engine
