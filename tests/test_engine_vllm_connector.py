@@ -11,18 +11,23 @@ import pytest
 from kvoracle.kvcache.faults import FaultKind
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines import protocol_of
+from kvoracle.oracle.engine import view_of
 from kvoracle.oracle.engines import vllm_connector as vc
 from kvoracle.oracle.targets import Target
 from kvoracle.oracle.violations import Baseline
+from kvoracle.spec.invariants import inv_heap_sound
 from kvoracle.spec.types import RequestId
 
 ROWS = [vc.VllmConnector, vc.MooncakePreemptStore, vc.AbortDuringLoad, vc.AsyncConsumerFree, vc.IdleDelayedFree,
-        vc.AbortLoadNeverAnswers, vc.FinishedRaises, vc.OffloadPrepareStoreEvicts]
+        vc.AbortLoadNeverAnswers, vc.FinishedRaises, vc.OffloadPrepareStoreEvicts, vc.VllmOffload]
 
 installed = vc.vllm_version()
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not (0, 28, 0) <= installed <= vc.NEWEST,
     reason="vLLM 0.28.0 .. 0.33.0 is installed by `make engines` in .venv-vllm")
+needs_offload_jobs = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or not vc.VllmOffload.versions[0] <= installed <= vc.NEWEST,
+    reason="the offloading connector's job layout: vLLM 0.29.0 .. 0.33.0")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
@@ -80,3 +85,34 @@ def test_an_abort_during_a_load_keeps_its_blocks_until_the_load_answers() -> Non
     o = a.observe()
     assert not a.transfers() and len(o.free or ()) == len(o.ids)
     assert a.outcomes() == {"ok": 1}
+
+
+@needs_offload_jobs
+def test_a_short_campaign_of_the_offload_row_passes_past_its_two_known_findings() -> None:
+    """vLLM's CPU offloading tier in its job layout: stores, loads, flushes and preemptions
+    under every fault kind; a store that never answers (LIVE-TRANSFER) and a CPU chunk
+    left without its prefix (INV-HEAP-SOUND) are the known findings, nothing else."""
+    target = Target(vc.VllmOffload.name, "scheduler", None, vc.VllmOffload)
+    row = run_target(target, [0, 1], 30, 40, Baseline.parse(["LIVE-TRANSFER", "INV-HEAP-SOUND"]))
+    assert row.result is None, row.result.violation
+    assert row.faults > 0 and row.outcomes.get("ok", 0) > 50
+
+
+@needs_offload_jobs
+def test_the_offload_row_catches_a_cpu_chunk_left_without_its_prefix() -> None:
+    """The shrunk finding: r1's store of its third block (parent: r0's second) is still
+    being written when r2's store, on the next step, needs room; prepare_store evicts the
+    idle parent, and the third block stays on the CPU tier where no lookup reaches it."""
+    a = vc.VllmOffload()
+    a.submit(RequestId(0), [1, 1, 1, 1, 2, 2, 2, 2, 1, 1])
+    a.schedule([])  # r0's two blocks are stored
+    a.submit(RequestId(1), [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 4, 4])
+    a.submit(RequestId(2), [1, 1, 1, 1, 2, 2, 1, 1, 5, 5, 5, 5])
+    a.schedule([])  # r1's third block is being stored; r2's two find no room
+    assert inv_heap_sound(view_of(a.observe(), a.observe_cpu())) == []
+    for r in (0, 1, 2):
+        a.abort(RequestId(r), [])
+    a.evict_all()
+    a.tick(1)  # r2's stores evict r0's second block, the parent of the one in flight
+    found = inv_heap_sound(view_of(a.observe(), a.observe_cpu()))
+    assert [v.id for v in found] == ["INV-HEAP-SOUND"] and "CPU eviction holds node" in found[0].message

@@ -13,12 +13,16 @@ side of a real connector. Three connectors:
   the workers) replaced by kvoracle's store index; the store jobs of each step's connector
   metadata are run by kvoracle's worker, and lookups hit what completed jobs stored, which
   starts loads;
-- "offload": vLLM's OffloadingConnector with its CPU tier (CPUOffloadingSpec, LRU or ARC),
-  in its 0.15 .. 0.18 layout (reqs_to_store / reqs_to_load, completions by request); the
-  stores and loads of each step's metadata run by kvoracle's worker, which ends a preempted
-  request's stores at once (OffloadingConnectorWorker.handle_preemptions waits for them
-  before the next forward); the CPU tier is observed. The 0.29+ layout (job ids,
-  OffloadingWorkerMetadata) is not driven.
+- "offload": vLLM's OffloadingConnector with its CPU tier (CPUOffloadingSpec, LRU or ARC);
+  the stores and loads of each step's metadata run by kvoracle's worker, which ends a
+  preempted request's stores at once (OffloadingConnectorWorker.handle_preemptions waits
+  for them before the next forward); the CPU tier is observed. Two layouts, picked by the
+  installed release: 0.15 .. 0.18 (reqs_to_store / reqs_to_load, completions by request:
+  a finished request's free waits for its stores), and 0.29+ (load and store jobs by id,
+  completions in OffloadingWorkerMetadata.completed_jobs, a load's also by its request's
+  finished_recving; a finished request's blocks are freed at once and fenced while its
+  store jobs read them: handing one out again puts the jobs in jobs_to_flush, which the
+  worker waits for before the forward). The releases between are not driven.
 
 The engine the adapter plays (the preamble's functions; vLLM's own in brackets):
 
@@ -58,13 +62,16 @@ Observations: GPU block ids 1..N-1 (block 0 is vLLM's null block); free = the fr
 blocks without a hash, cached = blocks with a hash; tables = live requests' block tables;
 pinned = blocks an in-flight load writes or an in-flight store, send or (async, KV
 consumer) model step reads, except where the transfer's own request lists the block;
-in_flight = uncached blocks vLLM holds for an in-flight transfer that no table lists;
+in_flight = uncached blocks vLLM holds for an in-flight transfer that no table lists (a
+fenced block on the free queue, 0.29+ offloading, is the store's: neither free nor
+evictable);
 refcounts = ref_cnt less the references vLLM holds for transfers. A request vLLM has
 marked finished but whose exit raised before its free (request_finished raised) has not
 exited: it keeps its status and table, which is what LIVE-EXIT judges. A request holding
 blocks while it waits (WAITING_FOR_REMOTE_KVS) counts as admitted (running), as spec's
 admit with a prefetch in flight does. observe_cpu: the offloading connector's CPU tier
-(else an empty tier), with the tree its lookups walk (see observe_cpu).
+(else an empty tier), with the tree its lookups walk (see observe_cpu), and from 0.29 its
+manager's counters (idle and write-pending chunks) recounted.
 
 Importing this module does not import vLLM.
 """
@@ -85,6 +92,7 @@ from kvoracle.spec.state import EXITED, Status, System
 from kvoracle.spec.types import RequestId
 
 OLDEST, NEWEST = (0, 15, 1), (0, 33, 0)
+JOBS_FROM = (0, 29, 0)  # the offloading connector's transfer jobs by id (OffloadingWorkerMetadata)
 
 HEAD = """\
 import inspect, json, logging, os, sys, tempfile, time, types
@@ -132,7 +140,14 @@ init_none_hash(sha256)
 hasher = get_request_block_hasher(B, sha256)
 layer = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
 tensors = []
+CHUNK = layer.page_size_bytes  # bytes of one CPU block (0.29+: rounded up to a page)
 if CONNECTOR == "offload":  # the CPU tier is sized from the GPU tensors' layout
+    try:
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+        align = getattr(CPUOffloadingSpec, "BLOCK_SIZE_ALIGNMENT", 1)
+    except ImportError:  # before 0.2x the spec is a module of its own, unaligned
+        align = 1
+    CHUNK = -(-CHUNK // align) * align
     size = layer.page_size_bytes * N
     try:
         tensors = [KVCacheTensor(size=size, shared_by=["layer.0"])]
@@ -153,7 +168,7 @@ elif CONNECTOR == "mooncake":
                                 kv_connector_extra_config={"load_async": True})
 else:  # OFFLOAD: (CPU blocks, eviction policy)
     transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role=ROLE, kv_connector_extra_config={
-        "cpu_bytes_to_use": OFFLOAD[0] * layer.page_size_bytes, "eviction_policy": OFFLOAD[1]})
+        "cpu_bytes_to_use": OFFLOAD[0] * CHUNK, "eviction_policy": OFFLOAD[1]})
 vllm_config = VllmConfig(
     model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float16"),
     cache_config=cache_config, scheduler_config=SchedulerConfig(**scheduler_args), kv_transfer_config=transfer)
@@ -196,6 +211,7 @@ class Worker:
         self.stored = set()  # block hashes the store holds (lookups hit them)
         self.asked = set()  # requests whose external hit was asked for
         self.keyed_by_request = False  # store jobs end by finished_sending of their request
+        self.waited = []  # (transfer, failed items) the worker waited for: reported with the step's output
 
     def fault(self):
         f = self.plan.pop(0) if self.plan else ("ok", 0, 0)
@@ -255,13 +271,21 @@ class Worker:
             if req.is_finished() and rid not in self.cut_short and not self.of(rid):
                 self.start("release", rid, [], fault=("ok", 0, 0))
 
+    def wait(self, t):
+        """End a transfer the worker waits for before the forward, whatever its fault
+        says (it does not hang the step); reported with the step's output."""
+        self.waited.append((t, self.end(t)))
+
     def report(self):
         """The KVConnectorOutput a worker attaches to this step's model output."""
         recving, sending, invalid, jobs = set(), set(), set(), {}
-        for t, bad in self.answers():
+        answered, self.waited = self.waited + self.answers(), []
+        for t, bad in answered:
             if t.kind == "load":
                 recving.add(t.req)
                 invalid.update(bad)
+                if t.key is not None:  # 0.29+ offloading: a load job is also reported by id
+                    jobs[t.key] = 1
             elif t.kind in ("send", "release"):
                 sending.add(t.req)
             elif t.key is not None:
@@ -415,12 +439,32 @@ def take(out):
 
 OFFLOAD_PART = '''
 
-# --- OffloadingConnector (0.15 .. 0.18 layout): kvoracle's worker runs its CPU<->GPU copies ---
-W.keyed_by_request = True  # a finished request's free waits for its stores (finished_sending)
+# --- OffloadingConnector: kvoracle's worker runs its CPU<->GPU copies ----------------------
 
 
 def _ids(spec):
     return [int(b) for b in spec.block_ids]
+
+
+def cpu_manager():
+    return sched.connector.connector_scheduler.manager
+
+
+def chains():
+    """Each block hash of every request seen, with the hash before it (None: first)."""
+    parent = {}
+    for req in REQS.values():
+        before = None
+        for h in req.block_hashes:
+            parent.setdefault(h, before)
+            before = h
+    return parent
+'''
+
+OFFLOAD_BY_REQUEST = '''
+
+# --- its 0.15 .. 0.18 layout: reqs_to_store / reqs_to_load, completions by request ----------
+W.keyed_by_request = True  # a finished request's free waits for its stores (finished_sending)
 
 
 def on_preempt(rid):
@@ -440,18 +484,9 @@ def take(out):
         W.start("load", rid, _ids(dst))
 
 
-def cpu_manager():
-    return sched.connector.connector_scheduler.manager
-
-
 def evict_cpu():  # every stored CPU block no load reads, leaves first (a chain's last block first)
     m = cpu_manager()
-    parent = {}
-    for req in REQS.values():
-        before = None
-        for h in req.block_hashes:
-            parent.setdefault(h, before)
-            before = h
+    parent = chains()
     while True:
         parents = {parent.get(h) for h in m.blocks}
         leaves = [h for h, b in m.blocks.items() if b.ref_cnt == 0 and h not in parents]
@@ -459,6 +494,70 @@ def evict_cpu():  # every stored CPU block no load reads, leaves first (a chain'
             return
         for h in leaves:
             m.backend.free(m.blocks.pop(h))
+'''
+
+OFFLOAD_BY_JOB = '''
+
+# --- its 0.29+ layout: load and store jobs by id, completions in OffloadingWorkerMetadata ---
+# The worker submits a step's store jobs at the next step's start and its loads at once;
+# before the forward it waits for the jobs the step flushes (jobs_to_flush: a preempted
+# request's stores, and stores still reading blocks handed out again); every job ends by
+# its id in completed_jobs, a load also by its request's finished_recving.
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+from vllm.v1.kv_offload.base import make_offload_key
+
+
+def worker_meta(jobs):
+    return OffloadingWorkerMetadata(completed_jobs=dict(jobs))
+
+
+def flush(ids):
+    """Wait for the jobs in ids still running (OffloadingConnectorWorker.handle_preemptions)."""
+    for t in [t for t in W.live.values() if t.key in ids]:
+        W.wait(t)
+
+
+def on_preempt(rid):
+    """preempt() frees the request's blocks between steps; vLLM flushes its stores at the
+    next schedule(), before anything is written to them: end them now."""
+    flush({t.key for t in W.of(rid, "store")})
+
+
+def take(out):
+    meta = out.kv_connector_metadata
+    for jid, job in meta.store_jobs.items():
+        W.start("store", job.req_id, _ids(job.src_spec), key=jid)
+    flush(meta.jobs_to_flush or ())
+    for jid, job in meta.load_jobs.items():
+        assert not getattr(job, "sync", False), "sync loads (sync_load_budget_bytes) are not driven"
+        W.start("load", job.req_id, _ids(job.dst_spec), key=jid)
+
+
+def slot(obj, name):
+    """The name of a CPU manager's field: "..chunk.." from 0.3x, "..block.." in 0.29."""
+    return name if hasattr(obj, name) else name.replace("chunk", "block")
+
+
+def cpu_chunks():
+    """The CPU tier's chunks by offload key (LRU holds them in one dict, ARC in two)."""
+    p = cpu_manager()._policy
+    return {**p.t1, **p.t2} if hasattr(p, "t1") else dict(getattr(p, slot(p, "chunks")))
+
+
+def evict_cpu():  # every idle chunk not before a busy one in its chain, as prepare_store evicts
+    m = cpu_manager()
+    parent = {make_offload_key(h, 0): p and make_offload_key(p, 0) for h, p in chains().items()}
+    chunks = cpu_chunks()
+    keep = set()
+    for k, c in chunks.items():
+        while c.ref_cnt != 0 and k is not None and k not in keep:
+            keep.add(k)
+            k = parent.get(k)
+    evicted = m._policy.evict(len(chunks.keys() - keep), keep) or []
+    count = slot(m, "_num_evictable_cache_chunks")
+    setattr(m, count, getattr(m, count) - len(evicted))
+    for _, c in evicted:
+        getattr(m, slot(m, "_free_chunk"))(c)
 '''
 
 ENGINE = '''
@@ -666,8 +765,13 @@ class VllmConnector(Scripted):
                    f"CONNECTOR, ROLE, LOADS, SENDS = {self.connector!r}, {self.role!r}, {self.loads}, {self.sends}\n"
                    f"ASYNC, BUSY, BATCH = {self.async_scheduling}, {self.busy}, {self.batch_tokens}\n"
                    f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n")
-        part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART}[self.connector]
+        part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART + self.offload_layout()}[self.connector]
         return HEAD + options + CONFIG + WORKER + part + ENGINE
+
+    def offload_layout(self) -> str:
+        """The offloading connector's layout in the installed release: completions by
+        request up to 0.18, by job id from 0.29 (the releases between are not driven)."""
+        return OFFLOAD_BY_JOB if self.vllm >= JOBS_FROM else OFFLOAD_BY_REQUEST
 
     def bind(self) -> None:
         ns = self.namespace
@@ -795,9 +899,20 @@ class VllmConnector(Scripted):
             held.update(b.block_id for b in blocks if not b.is_null)
         return held
 
+    def _fenced(self) -> set[int]:
+        """Blocks on the free queue that an in-flight store job still reads, fenced by the
+        offloading connector (0.29+: _block_id_to_pending_jobs): handing one out again
+        flushes the job first (jobs_to_flush), so the job owns the block until it ends."""
+        side = getattr(getattr(self.sched, "connector", None), "connector_scheduler", None)
+        fences: Mapping[int, set[int]] = getattr(side, "_block_id_to_pending_jobs", {})
+        running = {t.key for t in self.worker.live.values() if t.kind == "store"}
+        return {b for b, jobs in fences.items() if not running.isdisjoint(jobs)}
+
     def observe(self) -> Observation:
         pool = self.pool
-        queue = pool.free_block_queue.get_all_free_blocks()
+        whole = pool.free_block_queue.get_all_free_blocks()
+        fenced = self._fenced() & {b.block_id for b in whole}
+        queue = [b for b in whole if b.block_id not in fenced]
         on_queue = {b.block_id for b in queue}
         statuses = {rid: self._status(rid, req) for rid, req in self.reqs.items()}
         live = {rid for rid, s in statuses.items() if s not in EXITED}
@@ -820,11 +935,11 @@ class VllmConnector(Scripted):
             tables=tables,
             cached=frozenset(b.block_id for b in blocks if b.block_hash is not None),
             refcounts={b.block_id: b.ref_cnt - held[b.block_id] for b in blocks},
-            counters={"get_num_free_blocks": (pool.get_num_free_blocks(), len(queue))},
+            counters={"get_num_free_blocks": (pool.get_num_free_blocks(), len(whole))},
             waiting=frozenset(rid for rid, s in statuses.items() if s in (Status.WAITING, Status.PREEMPTED)),
             tokens={rid: int(self.reqs[rid].num_computed_tokens) for rid in tables},
             pinned=frozenset(pinned),
-            in_flight=tuple(sorted(b for b in held if b not in listed and b not in on_queue
+            in_flight=tuple(sorted(b for b in held.keys() | fenced if b not in listed and b not in on_queue
                                    and pool.blocks[b].block_hash is None)),
         )
 
@@ -838,6 +953,8 @@ class VllmConnector(Scripted):
         if self.connector != "offload":
             return Observation(ids=range(0), free=(), cached=frozenset(), in_flight=(), pinned=frozenset())
         m = self.namespace["cpu_manager"]()  # type: ignore[operator]
+        if hasattr(m, "_policy"):
+            return self._observe_chunks(m)
         backend = m.backend
         entries = dict(m.blocks)
         ready = {h: b for h, b in entries.items() if b.ref_cnt >= 0}
@@ -858,6 +975,46 @@ class VllmConnector(Scripted):
             pinned=frozenset(int(b.block_id) for b in ready.values() if b.ref_cnt > 0),
             nodes=frozenset(_hash_name(h) for h in nodes),
             findable=frozenset(_hash_name(h) for h in entries),
+        )
+
+    def _observe_chunks(self, m: Any) -> Observation:
+        """observe_cpu for 0.29+: the manager's chunk pool (its free list and the ids never
+        handed out) and its policy's chunks by offload key (a block hash and its KV cache
+        group: one group here). A chunk being written (ref_cnt -1) is owned by its store;
+        one a load reads (ref_cnt > 0) is pinned. Its counters are recounted."""
+        chunks: dict[Any, Any] = self.namespace["cpu_chunks"]()  # type: ignore[operator]
+        slot: Any = self.namespace["slot"]
+
+        def field(name: str) -> Any:
+            return getattr(m, slot(m, name))
+
+        ids = {k: int(getattr(c, "chunk_id", getattr(c, "block_id", -1))) for k, c in chunks.items()}
+        by_hash = {bytes(k)[:-4]: c for k, c in chunks.items()}
+        parent = self._parents()
+        nodes = set()
+        for h in by_hash:
+            p = parent.get(h)
+            while p is not None and p in by_hash:
+                p = parent.get(p)
+            if h in parent and p is None:
+                nodes.add(h)
+        counters = {"_num_evictable_cache_chunks": (
+                        field("_num_evictable_cache_chunks"), sum(c.ref_cnt == 0 for c in chunks.values())),
+                    "_num_write_pending_chunks": (
+                        field("_num_write_pending_chunks"), sum(c.ref_cnt < 0 for c in chunks.values()))}
+        evictable = getattr(m._policy, "_evictable", None)  # LRU's set of idle chunks
+        if evictable is not None:
+            counters["LRUCachePolicy._evictable"] = (
+                len(evictable), sum(c.ref_cnt == 0 for c in chunks.values()))
+        return Observation(
+            ids=range(int(field("_num_chunks"))),
+            free=tuple(m._free_list) + tuple(range(field("_num_allocated_chunks"), field("_num_chunks"))),
+            cached=frozenset(ids[k] for k, c in chunks.items() if c.ref_cnt >= 0),
+            in_flight=tuple(sorted(ids[k] for k, c in chunks.items() if c.ref_cnt < 0)),
+            pinned=frozenset(ids[k] for k, c in chunks.items() if c.ref_cnt > 0),
+            counters=counters,
+            nodes=frozenset(_hash_name(h) for h in nodes),
+            findable=frozenset(_hash_name(h) for h in by_hash),
         )
 
     def _parents(self) -> dict[Any, Any]:
@@ -975,3 +1132,23 @@ class OffloadPrepareStoreEvicts(VllmConnector):
     batch_tokens = 256
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
     versions = (OLDEST, (0, 18, 99))
+
+
+class VllmOffload(VllmConnector):
+    """vLLM's current CPU offloading tier: OffloadingConnector with CPUOffloadingSpec (LRU),
+    its 0.29+ layout (load and store jobs by id, completions in OffloadingWorkerMetadata,
+    a finished request's blocks freed at once and fenced while its stores read them).
+    Every fault kind; the CPU tier has 4 blocks, so stores evict and fail to find room.
+
+    Two findings, both in 0.33.0: a store job that never answers is waited for forever
+    (LIVE-TRANSFER: no timeout, as everywhere in vLLM's connectors); and
+    CPUOffloadingManager.prepare_store makes room by evicting any idle chunk but the
+    store's own keys (LRUCachePolicy.evict with protected = those keys), so it evicts the
+    parent of a chunk another job is still writing or a load reads: that chunk stays on the
+    CPU tier without its prefix, where no lookup reaches it (INV-HEAP-SOUND on the CPU
+    tier, spec's INV-TREE; the shape of PR 35846 across requests)."""
+
+    name = "vllm-offload"
+    connector = "offload"
+    cpu_blocks = 4
+    versions = (JOBS_FROM, NEWEST)
