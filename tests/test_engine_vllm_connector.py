@@ -95,7 +95,7 @@ def test_a_short_campaign_of_the_offload_row_passes_past_its_two_known_findings(
     target = Target(vc.VllmOffload.name, "scheduler", None, vc.VllmOffload)
     row = run_target(target, [0, 1], 30, 40, Baseline.parse(["LIVE-TRANSFER", "INV-HEAP-SOUND"]))
     assert row.result is None, row.result.violation
-    assert row.faults > 0 and row.outcomes.get("ok", 0) > 50
+    assert row.faults > 0 and row.outcomes.get("ok", 0) > 20
 
 
 @needs_offload_jobs

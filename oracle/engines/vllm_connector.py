@@ -1140,7 +1140,7 @@ class VllmOffload(VllmConnector):
     a finished request's blocks freed at once and fenced while its stores read them).
     Every fault kind; the CPU tier has 4 blocks, so stores evict and fail to find room.
 
-    Two findings, both in 0.33.0: a store job that never answers is waited for forever
+    Two findings, in 0.29.0 .. 0.33.0: a store job that never answers is waited for forever
     (LIVE-TRANSFER: no timeout, as everywhere in vLLM's connectors); and
     CPUOffloadingManager.prepare_store makes room by evicting any idle chunk but the
     store's own keys (LRUCachePolicy.evict with protected = those keys), so it evicts the
