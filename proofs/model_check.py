@@ -7,6 +7,9 @@ States are canonicalised before they are stored: block ids are renamed in order 
 first appearance in a fixed traversal (interchangeable free blocks collapse), transfer
 ids are renumbered densely and time is kept as each transfer's age. That is the
 symmetry reduction; requests have distinct prompts, so they are not interchangeable.
+What nothing reads any more is left out of the key: how an exited request exited and
+what it had computed, and a queued request's computed count (`_life`); states that
+differ only there are bisimilar, and the search explores one of each class.
 
 Checked in every reachable state: every safety property that has a meaning on the
 abstract state (all but INV-COUNTERS, which judges an implementation's counters, and
@@ -34,10 +37,13 @@ from kvoracle.spec.invariants import Violation, check
 from kvoracle.spec.next import Next, Scope, Step, describe, evicts, exiting, init
 from kvoracle.spec.scheduler import Exit
 from kvoracle.spec.state import (
+    EXITED,
+    QUEUED,
     Heap,
     Holding,
     Node,
     Prefetch,
+    Request,
     StorageWrite,
     SwapIn,
     SwapOut,
@@ -50,6 +56,7 @@ from kvoracle.spec.types import (
     GpuBlock,
     OnCpu,
     OnGpu,
+    RequestId,
     SwappingIn,
     SwappingOut,
     Tier,
@@ -154,9 +161,23 @@ def _encode(s: System) -> tuple[tuple[object, ...], Names, Names]:
     trs = tuple([(_transfer(c.transfers[t], g, k), s.now - s.started.get(t, s.now)) for t in sorted(c.transfers)])
     pins = (frozenset([(g(b), n) for b, n in c.gpu_pins.items()]),
             frozenset([(k(b), n) for b, n in c.cpu_pins.items()]))
-    life = tuple([(r, q.status, q.tokens, q.computed, q.admissions) for r, q in sorted(s.requests.items())])
+    life = tuple([_life(r, q) for r, q in sorted(s.requests.items())])
     heaps = tuple(map(frozenset, (c.gpu_heap.entries, c.gpu_heap.flagged, c.cpu_heap.entries, c.cpu_heap.flagged)))
     return (life, nodes, reqs, trs, c.stored, pins, heaps), gpu, cpu
+
+
+def _life(r: RequestId, q: Request) -> tuple[object, ...]:
+    """A request as far as any step or property still reads it: an exited request only as
+    exited (no step acts on it again, and the view counts it only as not live), a queued
+    one without its computed count (admission sets it anew, and the view reads it only
+    of running requests). States that differ in nothing else have the same steps, the
+    same verdicts and the same successors up to the same difference (tests/test_model_check.py
+    checks this on a scope's every state), so the search explores one of them."""
+    if q.status in EXITED:
+        return (r,)
+    if q.status in QUEUED:
+        return (r, q.status, q.tokens, q.admissions)
+    return (r, q.status, q.tokens, q.computed, q.admissions)
 
 
 def canonical(s: System) -> tuple[object, ...]:

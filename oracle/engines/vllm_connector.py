@@ -1152,3 +1152,11 @@ class VllmOffload(VllmConnector):
     connector = "offload"
     cpu_blocks = 4
     versions = (JOBS_FROM, NEWEST)
+
+
+class OffloadEvictsParentOfStore(VllmOffload):
+    """VllmOffload steered to its second finding alone: no store that never answers (the
+    first), so a CPU chunk left without its prefix is what a campaign finds."""
+
+    name = "vllm-offload-evicts-parent-of-store"
+    fault_kinds = frozenset(ALL_KINDS - {FaultKind.HANG})
