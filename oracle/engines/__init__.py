@@ -44,6 +44,17 @@ class EngineUnavailable(Exception):
     """The engine is not importable in this Python."""
 
 
+def require_release(engine: str, installed: tuple[int, ...], low: tuple[int, ...], high: tuple[int, ...],
+                    adapter: str) -> None:
+    """Refuse, by name, an installed release outside those `adapter` drives: it calls the
+    engine's internal APIs, which change between releases. An engine that is not installed
+    passes here (the machine then says how to get it)."""
+    if installed and not low <= installed <= high:
+        dotted = ".".join
+        raise RuntimeError(f"{engine} {dotted(map(str, installed))}: {adapter} drives {engine} "
+                           f"{dotted(map(str, low))} .. {dotted(map(str, high))}")
+
+
 def adapter_class(name: str) -> type[EngineAdapter]:
     if name not in ENGINES:
         raise KeyError(f"no engine named {name!r}; known: {', '.join(ENGINES)}")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
+from kvoracle.oracle.engines import require_release
 
 PAGE = 4
 PAGES = 6
@@ -199,6 +200,13 @@ class SglangAdapter(Scripted):
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_UNLOCK})
     preamble = PREAMBLE
     assertions = ASSERTIONS
+    releases = ((0, 5, 22), (0, 5, 23))  # MatchResult.device_prefix_len is 0.5.22's
+
+    def __init__(self) -> None:
+        from kvoracle.oracle.engines.sglang_hicache import sglang_version  # it imports this module
+
+        require_release("sglang", sglang_version(), *self.releases, type(self).__name__)
+        super().__init__()
 
     def bind(self) -> None:
         self.alloc: Any = self.namespace["alloc"]

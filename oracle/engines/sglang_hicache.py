@@ -5,7 +5,8 @@ controller with its threads, driven the way SGLang's scheduler drives them.
 One adapter for two API generations, chosen from the installed sglang version when the
 adapter is built:
 
-- HiRadixCache (0.5.5.post3 .. 0.5.17): HiCacheController, MHATokenToKVPoolHost;
+- HiRadixCache (0.5.5.post3 .. 0.5.11; 0.5.12 .. 0.5.20 are refused: 0.5.15 and 0.5.17
+  reshaped the controller's records, 0.5.19 builds neither cache): HiCacheController, MHATokenToKVPoolHost;
 - UnifiedRadixCache with HiCache (0.5.21 .. 0.5.23): HybridCacheController and its host
   pool group, with SGLang's Python tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python:
   the Rust core's nodes cannot be walked, and the checks walk the tree).
@@ -386,8 +387,13 @@ from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+# The params objects came one release apart: match_prefix's in 0.5.8, evict's in 0.5.9, init_load_back's in 0.5.10.
+if V >= (0, 5, 8):
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+if V >= (0, 5, 9):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 if V >= (0, 5, 10):
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
 mph.SUPPORT_PIN_MEMORY = False  # no cudaHostRegister without CUDA
 if not torch.distributed.is_initialized():  # a one-process gloo group: SGLang's TP group of size 1
@@ -471,7 +477,7 @@ def key(tokens):
 
 
 def match(tokens):  # (device prefix, last device node, last host node, host hit tokens)
-    m = tree.match_prefix(MatchPrefixParams(key=key(tokens)) if V >= (0, 5, 10) else key(tokens))
+    m = tree.match_prefix(MatchPrefixParams(key=key(tokens)) if V >= (0, 5, 8) else key(tokens))
     return m.device_indices.to(torch.int64), m.last_device_node, m.last_host_node, m.host_hit_length
 
 
@@ -493,7 +499,7 @@ def load_back(req, last, last_host, hit):
 
 
 def evict(tokens):
-    tree.evict(EvictParams(num_tokens=tokens) if V >= (0, 5, 10) else tokens)
+    tree.evict(EvictParams(num_tokens=tokens) if V >= (0, 5, 9) else tokens)
 
 
 def ready_to_load():
@@ -865,7 +871,7 @@ _STATUS = {"waiting": Status.WAITING, "running": Status.RUNNING, "preempted": St
 
 class SglangHiCache(Scripted):
     """SGLang 0.5.23's UnifiedRadixCache with HiCache (or HiRadixCache in 0.5.5.post3 ..
-    0.5.17) with everything on: write-through to host, storage backups, prefetch from
+    0.5.11) with everything on: write-through to host, storage backups, prefetch from
     storage, every storage fault the engine can meet."""
 
     name = "sglang-hicache"
@@ -892,13 +898,13 @@ class SglangHiCache(Scripted):
                 old.close()
         _LIVE[:] = []
         self.v = sglang_version()
-        if (0, 5, 5, 3) <= self.v < (0, 5, 18):
+        if (0, 5, 5, 3) <= self.v < (0, 5, 12):  # 0.5.15 and 0.5.17 changed the controller's records
             self.generation = "hiradix"
         elif (0, 5, 21) <= self.v < (0, 5, 24):
             self.generation = "unified"
         else:
             raise RuntimeError(f"sglang {'.'.join(map(str, self.v)) or 'is not installed'}: this adapter drives "
-                               "0.5.5.post3 .. 0.5.17 (HiRadixCache) and 0.5.21 .. 0.5.23 (UnifiedRadixCache)")
+                               "0.5.5.post3 .. 0.5.11 (HiRadixCache) and 0.5.21 .. 0.5.23 (UnifiedRadixCache)")
         self.preamble = self.build_preamble()
         super().__init__()
         _LIVE.append(weakref.ref(self))

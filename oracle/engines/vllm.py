@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
+from kvoracle.oracle.engines import require_release
+from kvoracle.oracle.engines.vllm_connector import NEWEST, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -152,6 +154,13 @@ class VllmAdapter(Scripted):
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.DOUBLE_FINISH})
     preamble = PREAMBLE
     assertions = ASSERTIONS
+    # get_computed_blocks answers three values from 0.30.0 (two in 0.25.1), and 0.19.1's
+    # KVCacheManager has no scheduler_block_size
+    releases = ((0, 30, 0), NEWEST)
+
+    def __init__(self) -> None:
+        require_release("vLLM", vllm_version(), *self.releases, type(self).__name__)
+        super().__init__()
 
     def bind(self) -> None:
         self.mgr: Any = self.namespace["mgr"]
