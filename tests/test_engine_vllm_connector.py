@@ -19,7 +19,8 @@ from kvoracle.spec.invariants import inv_heap_sound
 from kvoracle.spec.types import RequestId
 
 ROWS = [vc.VllmConnector, vc.MooncakePreemptStore, vc.AbortDuringLoad, vc.AsyncConsumerFree, vc.IdleDelayedFree,
-        vc.AbortLoadNeverAnswers, vc.FinishedRaises, vc.OffloadPrepareStoreEvicts, vc.VllmOffload]
+        vc.AbortLoadNeverAnswers, vc.FinishedRaises, vc.OffloadPrepareStoreEvicts, vc.VllmOffload,
+        vc.OffloadEvictsParentOfStore]
 
 installed = vc.vllm_version()
 needs_vllm = pytest.mark.skipif(

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -711,6 +711,19 @@ def _hash_name(h: Any) -> str:
     return "block " + raw[:6].hex()
 
 
+def _rooted(stored: Collection[Any], parent: Mapping[Any, Any]) -> set[Any]:
+    """The stored hashes whose whole chain before them is stored too: the nodes of the
+    tree a lookup walks (it stops at the first hash missing)."""
+    nodes = set()
+    for h in stored:
+        p = parent.get(h)
+        while p is not None and p in stored:
+            p = parent.get(p)
+        if h in parent and p is None:
+            nodes.add(h)
+    return nodes
+
+
 def vllm_version() -> tuple[int, ...]:
     """The installed vLLM's version (0.15.1 -> (0, 15, 1)); () when absent."""
     try:
@@ -958,14 +971,7 @@ class VllmConnector(Scripted):
         backend = m.backend
         entries = dict(m.blocks)
         ready = {h: b for h, b in entries.items() if b.ref_cnt >= 0}
-        parent = self._parents()
-        nodes = set()
-        for h in entries:
-            p = parent.get(h)
-            while p is not None and p in entries:
-                p = parent.get(p)
-            if h in parent and p is None:  # the whole chain before h is stored
-                nodes.add(h)
+        nodes = _rooted(entries, self._parents())
         return Observation(
             ids=range(int(backend.num_blocks)),
             free=tuple(backend.allocated_blocks_free_list) + tuple(
@@ -990,14 +996,7 @@ class VllmConnector(Scripted):
 
         ids = {k: int(getattr(c, "chunk_id", getattr(c, "block_id", -1))) for k, c in chunks.items()}
         by_hash = {bytes(k)[:-4]: c for k, c in chunks.items()}
-        parent = self._parents()
-        nodes = set()
-        for h in by_hash:
-            p = parent.get(h)
-            while p is not None and p in by_hash:
-                p = parent.get(p)
-            if h in parent and p is None:
-                nodes.add(h)
+        nodes = _rooted(by_hash, self._parents())
         counters = {"_num_evictable_cache_chunks": (
                         field("_num_evictable_cache_chunks"), sum(c.ref_cnt == 0 for c in chunks.values())),
                     "_num_write_pending_chunks": (
