@@ -71,9 +71,10 @@ class SegfaultingCache(ReferenceCache):
     """An engine whose native code dereferences a null pointer once three transfers fly."""
 
     name = "segfaulting"
+    flying = 3  # the transfers in flight that crash it
 
     def complete(self, t: TransferId, outcome: Outcome) -> None:
-        if len(self.in_flight()) >= 3:
+        if len(self.in_flight()) >= self.flying:
             ctypes.string_at(0)
         super().complete(t, outcome)
 
@@ -212,15 +213,11 @@ def test_on_a_ray_cluster_a_worker_the_engine_ended_is_a_finding_and_the_campaig
     assert crashed.result.counterexample  # the local cluster's worker wrote the journal on this machine's disk
 
 
-class SoonSegfaultingCache(ReferenceCache):
+class SoonSegfaultingCache(SegfaultingCache):
     """SegfaultingCache's crash once two transfers fly (a test's own programs reach three seldom)."""
 
     name = "soon-segfaulting"
-
-    def complete(self, t: TransferId, outcome: Outcome) -> None:
-        if len(self.in_flight()) >= 2:
-            ctypes.string_at(0)
-        super().complete(t, outcome)
+    flying = 2
 
 
 def test_in_an_engines_own_tests_an_isolated_machine_fails_its_test_where_the_engine_ends_the_process() -> None:

@@ -45,14 +45,14 @@ class EngineUnavailable(Exception):
 
 
 def require_release(engine: str, installed: tuple[int, ...], low: tuple[int, ...], high: tuple[int, ...],
-                    adapter: str) -> None:
+                    adapter: str, absent_ok: bool = True) -> None:
     """Refuse, by name, an installed release outside those `adapter` drives: it calls the
     engine's internal APIs, which change between releases. An engine that is not installed
-    passes here (the machine then says how to get it)."""
-    if installed and not low <= installed <= high:
-        dotted = ".".join
-        raise RuntimeError(f"{engine} {dotted(map(str, installed))}: {adapter} drives {engine} "
-                           f"{dotted(map(str, low))} .. {dotted(map(str, high))}")
+    passes here with `absent_ok` (the machine then says how to get it)."""
+    if (installed or not absent_ok) and not low <= installed <= high:
+        have = ".".join(map(str, installed)) or "not installed"
+        raise RuntimeError(f"{engine} {have}: {adapter} drives {engine} "
+                           f"{'.'.join(map(str, low))} .. {'.'.join(map(str, high))}")
 
 
 def adapter_class(name: str) -> type[EngineAdapter]:

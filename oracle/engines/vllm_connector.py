@@ -86,6 +86,7 @@ from typing import Any
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput, Observation, Scripted
+from kvoracle.oracle.engines import require_release
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import EXITED, Status, System
@@ -764,11 +765,7 @@ class VllmConnector(Scripted):
 
     def __init__(self) -> None:
         self.vllm = vllm_version()
-        low, high = self.versions
-        if not self.vllm or not low <= self.vllm <= high:
-            have = ".".join(map(str, self.vllm)) or "not installed"
-            raise RuntimeError(f"vLLM {have}: {type(self).__name__} drives vLLM "
-                               f"{'.'.join(map(str, low))} .. {'.'.join(map(str, high))}")
+        require_release("vLLM", self.vllm, *self.versions, type(self).__name__, absent_ok=False)
         self.preamble = self.build_preamble()
         super().__init__()
 
