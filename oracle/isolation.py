@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import pickle
 import selectors
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -57,6 +59,7 @@ class _Child:
     fd: int
     data: bytearray
     started: float
+    scratch: str  # the child's temporary directory, removed by the parent however the child ended
     beat: Path | None = None  # the file whose modification time is the child's sign of life
     silenced: float = 0.0  # the silence after which the parent killed it
 
@@ -65,9 +68,11 @@ def _start(work: Callable[[], object]) -> _Child:
     for stream in (sys.stdout, sys.stderr):  # else the child would write the parent's buffer again
         stream.flush()
     read, write = os.pipe()
+    scratch = tempfile.mkdtemp(prefix="kvoracle-child-")
     pid = os.fork()
     if pid == 0:  # the child: run, answer, and leave at once (no atexit handlers, no parent's buffers)
         os.close(read)
+        tempfile.tempdir = scratch  # what it leaves there (its finalizers never run) goes with it
         code = 0
         try:
             with os.fdopen(write, "wb") as out:
@@ -79,7 +84,7 @@ def _start(work: Callable[[], object]) -> _Child:
         finally:
             os._exit(code)
     os.close(write)
-    return _Child(pid, read, bytearray(), time.perf_counter())
+    return _Child(pid, read, bytearray(), time.perf_counter(), scratch)
 
 
 def _answer(work: Callable[[], object]) -> bytes:
@@ -98,6 +103,7 @@ def _finish(child: _Child) -> object:
     """The child's answer, once its pipe is closed: its result, or Ended."""
     os.close(child.fd)
     _, status = os.waitpid(child.pid, 0)
+    shutil.rmtree(child.scratch, ignore_errors=True)
     if not child.data:
         return Ended(os.waitstatus_to_exitcode(status), time.perf_counter() - child.started, child.silenced)
     ok, value = pickle.loads(bytes(child.data))
@@ -153,6 +159,7 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int,
             os.kill(child.pid, signal.SIGKILL)
             os.close(child.fd)
             os.waitpid(child.pid, 0)
+            shutil.rmtree(child.scratch, ignore_errors=True)
 
 
 def _silence(running: Iterable[tuple[int, _Child]], quiet: float) -> None:

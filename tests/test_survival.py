@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +58,28 @@ def test_each_piece_answers_or_says_how_its_process_ended() -> None:
     with pytest.raises(ValueError, match="an error, not an ending") as raised:
         list(in_children(ends, [3], 1))
     assert "raised in a child process" in "".join(raised.value.__notes__)
+
+
+def leaves_a_temporary_directory(how: int) -> str:
+    where = tempfile.mkdtemp()
+    Path(where, "block").write_bytes(b"kv")
+    if how == 1:
+        os._exit(7)  # its finalizers and atexit handlers never run
+    if how == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return where
+
+
+def test_what_a_child_leaves_in_its_temporary_directory_goes_however_it_ended(tmp_path: Path) -> None:
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        answers = list(in_children(leaves_a_temporary_directory, [0, 1, 2], 2))
+    finally:
+        tempfile.tempdir = before
+    assert isinstance(answers[0], str) and Path(answers[0]).parent.parent == tmp_path  # it wrote under the child's own
+    assert [type(a) for a in answers[1:]] == [Ended, Ended]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_journaled_machine_draws_the_same_programs(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ if not hasattr(torch.cpu.Stream, "synchronize"):
 """
 
 COMMON = """\
-import json, logging, os, tempfile, threading, time
+import atexit, json, logging, os, shutil, tempfile, threading, time
 from importlib.metadata import version as _version
 from types import SimpleNamespace
 
@@ -397,8 +397,10 @@ if V >= (0, 5, 10):
 
 mph.SUPPORT_PIN_MEMORY = False  # no cudaHostRegister without CUDA
 if not torch.distributed.is_initialized():  # a one-process gloo group: SGLang's TP group of size 1
+    _rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
+    atexit.register(shutil.rmtree, _rendezvous, True)
     ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                    distributed_init_method="file://" + tempfile.mktemp(prefix="kvoracle-"))
+                                    distributed_init_method="file://" + os.path.join(_rendezvous, "store"))
 if not ps.model_parallel_is_initialized():
     ps.initialize_model_parallel(tensor_model_parallel_size=1)
 

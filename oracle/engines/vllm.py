@@ -19,7 +19,7 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import NEWEST, vllm_version
+from kvoracle.oracle.engines.vllm_connector import NEWEST, TINY_LLAMA, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -90,19 +90,13 @@ def grow(req, tokens):
 
 PREAMBLE = manager_preamble()
 
-# The full Scheduler needs a model config but no weights: a tiny Llama config.json in a
-# temporary folder, no tokenizer, and the KV cache size given by hand.
+# The full Scheduler needs a model config but no weights: the tiny Llama (TINY_LLAMA), no
+# tokenizer, and the KV cache size given by hand.
 SCHEDULER_PREAMBLE = """\
 import json, logging, os, tempfile
 os.environ.update(HF_HUB_OFFLINE="1")
 logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
-model = tempfile.mkdtemp()
-with open(os.path.join(model, "config.json"), "w") as f:
-    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-               "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
-               "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
-               "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
-""" + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
+""" + TINY_LLAMA + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput

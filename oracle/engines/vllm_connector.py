@@ -127,16 +127,21 @@ except ImportError:
     from vllm.utils import sha256
 """
 
-# The tiny model: a Llama config.json, no weights, no tokenizer; the KV cache size by hand.
-CONFIG = """
+# The tiny model: a Llama config.json, no weights, no tokenizer, in one folder that every
+# engine process shares (written whole, then renamed into place: no process reads half of it).
+TINY_LLAMA = """
 model = os.path.join(tempfile.gettempdir(), "kvoracle-tiny-llama")
 os.makedirs(model, exist_ok=True)
-with open(os.path.join(model, "config.json"), "w") as f:
+with tempfile.NamedTemporaryFile("w", dir=model, suffix=".part", delete=False) as f:
     json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
                "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
+os.replace(f.name, os.path.join(model, "config.json"))
+"""
 
+# The block hasher and the KV cache's layout, sized by hand.
+CONFIG = TINY_LLAMA + """
 init_none_hash(sha256)
 hasher = get_request_block_hasher(B, sha256)
 layer = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
