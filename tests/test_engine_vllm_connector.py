@@ -5,6 +5,11 @@ through the scheduler machine. The campaigns run where vLLM 0.28.0 .. 0.33.0 is 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +51,37 @@ def test_the_default_row_suffers_every_fault_kind_and_the_rows_steer_away_from_e
         assert FaultKind.HANG not in row.fault_kinds and FaultKind.RAISE not in row.fault_kinds
     assert vc.AbortLoadNeverAnswers.fault_kinds == {FaultKind.HANG}
     assert vc.FinishedRaises.fault_kinds == {FaultKind.RAISE}
+
+
+def test_engines_writing_the_tiny_model_never_show_each_other_half_a_config(tmp_path: Path) -> None:
+    # Campaigns side by side share the tiny model's folder: each engine writes the config as
+    # it starts, while another may be reading it (a half-written one broke engine builds).
+    folder = tmp_path / "kvoracle-tiny-llama"
+    stop, seen, broken = threading.Event(), [0], []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                json.loads((folder / "config.json").read_text())
+                seen[0] += 1
+            except FileNotFoundError:
+                pass
+            except ValueError as e:
+                broken.append(e)
+
+    code = compile(vc.TINY_LLAMA, "<TINY_LLAMA>", "exec")
+    before, tempfile.tempdir = tempfile.tempdir, str(tmp_path)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(300):
+            exec(code, {"json": json, "os": os, "tempfile": tempfile})
+    finally:
+        stop.set()
+        reader.join()
+        tempfile.tempdir = before
+    assert seen[0] > 0 and broken == []
+    assert [p.name for p in folder.iterdir()] == ["config.json"]
 
 
 def test_importing_the_adapter_does_not_import_vllm() -> None:
