@@ -514,7 +514,9 @@ def parser() -> argparse.ArgumentParser:
                         "exit status 1 when a violation is found. docs/engines.md")
     c.add_argument("--adapter", metavar="MODULE:CLASS",
                    help="check your own engine through its adapter (MODULE:CLASS or FILE.py:CLASS), like --engine; "
-                        "a TieredAdapter or SchedulerAdapter runs the cache or scheduler machine instead")
+                        "a TieredAdapter or SchedulerAdapter runs the cache or scheduler machine instead; "
+                        "a shipped adapter refuses engine releases outside its range (KVORACLE_NEWER_RELEASES=1 "
+                        "drives a newer one anyway)")
     c.add_argument("--bad-input", choices=[b.value for b in REQUEST_LEVEL],
                    help="with --engine/--adapter: make only this kind of bad call in the bad-input campaign")
     c.add_argument("--repro-dir", metavar="DIR",

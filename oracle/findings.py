@@ -53,7 +53,10 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     """The file text: a header, the engine calls of `steps` replayed on a fresh engine
     (the last one, after which the check fired, run apart), the generated check of the
     property that fired, and the adapter's own assertions."""
-    state = replay_state(machine, steps)
+    try:
+        state = replay_state(machine, steps)
+    except NotBuilt:
+        return _build_reproduction(machine, steps, violation)
     adapter = adapter_of(state)
     pid = violation.first_id
     header = _header(getattr(adapter, "name", type(adapter).__name__), steps, violation,
@@ -80,6 +83,22 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     return "\n".join([*header, "", preamble, "", "from kvoracle.oracle.findings import Last, fails_with, view_now", "",
                       *body, "", *check, "",
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
+
+
+def _build_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
+    """The file text for a finding made while building the engine: the adapter built alone."""
+    make = getattr(machine, "make_adapter", None)
+    if not isinstance(make, type):
+        raise TypeError(f"{machine.__name__} builds its engine with no adapter class: no reproduction can be written")
+    source = adapter_source(make)
+    header = _header(getattr(make, "name", make.__name__), steps, violation,
+                     "# Run it in the engine's environment (kvoracle installed); it fails with the ID above while the",
+                     "# engine cannot be built.")
+    return "\n".join([*header, "", "from kvoracle.oracle.engines import load_adapter",
+                      "from kvoracle.oracle.findings import Last, fails_with", "",
+                      "with Last() as _last:  # building the engine (what it raises is judged)",
+                      f"    load_adapter({source!r})()", "",
+                      f"fails_with({violation.first_id!r}, {source!r}, globals(), raised=_last.error)", ""])
 
 
 def _header(engine: str, steps: Sequence[str], violation: PropertyViolated, *how_to_run: str) -> list[str]:
@@ -211,8 +230,14 @@ def replay_state(machine: type[RuleBasedStateMachine], steps: Sequence[str]) -> 
             super().__init__()
             holder.append(self)
 
-    replay(Capturing, steps)
+    found = replay(Capturing, steps)
+    if not holder:
+        raise NotBuilt(f"{machine.__name__} could not be built: {found}")
     return holder[0]
+
+
+class NotBuilt(Exception):
+    """The machine raised while building its engine: there is no state to replay to."""
 
 
 # --- the generated check, run by a reproduction file -----------------------------------------------

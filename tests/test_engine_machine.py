@@ -18,7 +18,7 @@ from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, check, vie
 from kvoracle.spec.liveness import drained
 from kvoracle.oracle.engine_campaign import engine_machine, run_engine
 from kvoracle.oracle.cache_machine import prompt
-from kvoracle.oracle.engines import ENGINES, EngineUnavailable, adapter_class
+from kvoracle.oracle.engines import ENGINES, EngineUnavailable, adapter_class, load_adapter, require_release
 from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.mutants import by_name
 
@@ -164,3 +164,56 @@ def test_a_refused_bad_call_stays_in_the_script_without_stopping_it() -> None:
     assert script[0].startswith("from contextlib import suppress")
     assert script[-1].startswith("with suppress(Exception):  # refused: DoubleFree(")
     exec("\n".join(script), {})  # replays to the end
+
+
+FRAGILE = '''
+from pathlib import Path
+
+from kvoracle.oracle.engines.reference import ReferenceAdapter
+
+
+class Fragile(ReferenceAdapter):
+    """Builds its engine until a file named `broken` lies next to it (a config gone mid-campaign)."""
+
+    def __init__(self) -> None:
+        if (Path(__file__).parent / "broken").exists():
+            raise RuntimeError("the engine's config is not valid JSON")
+        super().__init__()
+'''
+
+
+def test_an_engine_that_stops_building_mid_campaign_is_a_finding_with_a_reproduction(tmp_path: Path) -> None:
+    (tmp_path / "fragile.py").write_text(FRAGILE)
+    adapter = load_adapter(f"{tmp_path / 'fragile.py'}:Fragile")
+    adapter()  # built once, as `kvoracle check` does before its campaigns
+    (tmp_path / "broken").touch()
+    row = run_engine(adapter, False, [0], 10, 10, tmp_path / "repro")
+    assert row.result.first_id == "VALID-INPUT" and row.result.counterexample == ()
+    assert "the engine's config is not valid JSON" in str(row.result.violation)
+    assert row.reproduction is not None and row.confirmed, row.reproduces
+    (tmp_path / "broken").unlink()
+    fixed = subprocess.run([sys.executable, str(row.reproduction)], capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_a_release_outside_an_adapters_range_is_refused_by_name_and_a_newer_one_can_be_tried(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    require_release("vLLM", (0, 33, 0), (0, 30, 0), (0, 34, 0), "VllmAdapter")
+    require_release("vLLM", (), (0, 30, 0), (0, 34, 0), "VllmAdapter")  # not installed: the machine says how
+    with pytest.raises(RuntimeError, match=r"^vLLM not installed: VllmConnector drives vLLM 0.30.0 .. 0.34.0$"):
+        require_release("vLLM", (), (0, 30, 0), (0, 34, 0), "VllmConnector", absent_ok=False)
+    with pytest.raises(RuntimeError, match=r"^vLLM 0.25.1: VllmAdapter drives vLLM 0.30.0 .. 0.34.0$"):
+        require_release("vLLM", (0, 25, 1), (0, 30, 0), (0, 34, 0), "VllmAdapter")
+    monkeypatch.setenv("KVORACLE_NEWER_RELEASES", "1")
+    with pytest.raises(RuntimeError):  # an older release stays refused: its APIs are known to differ
+        require_release("vLLM", (0, 25, 1), (0, 30, 0), (0, 34, 0), "VllmAdapter")
+    monkeypatch.delenv("KVORACLE_NEWER_RELEASES")
+    with pytest.raises(RuntimeError, match="vLLM 0.35.0: VllmAdapter drives vLLM 0.30.0 .. 0.34.0; to drive a newer "
+                                           "release anyway, set KVORACLE_NEWER_RELEASES=1"):
+        require_release("vLLM", (0, 35, 0), (0, 30, 0), (0, 34, 0), "VllmAdapter")
+    monkeypatch.setenv("KVORACLE_NEWER_RELEASES", "1")
+    capsys.readouterr()
+    for _ in range(3):
+        require_release("vLLM", (0, 35, 0), (0, 30, 0), (0, 34, 0), "VllmAdapter")
+    warned = capsys.readouterr().err
+    assert warned.count("vLLM 0.35.0 is newer than VllmAdapter was checked on (0.30.0 .. 0.34.0)") == 1

@@ -1,5 +1,5 @@
 """vLLM's Scheduler with a KV connector kvoracle controls (oracle.engines.vllm_connector),
-through the scheduler machine. The campaigns run where vLLM 0.28.0 .. 0.33.0 is installed
+through the scheduler machine. The campaigns run where vLLM 0.28.0 .. 0.34.0 is installed
 (.venv-vllm: `make test-engines`, or a .venv-hunt environment); elsewhere they skip."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ ROWS = [vc.VllmConnector, vc.MooncakePreemptStore, vc.AbortDuringLoad, vc.AsyncC
 installed = vc.vllm_version()
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not (0, 28, 0) <= installed <= vc.NEWEST,
-    reason="vLLM 0.28.0 .. 0.33.0 is installed by `make engines` in .venv-vllm")
+    reason="vLLM 0.28.0 .. 0.34.0 (`make engines` installs 0.33.0 in .venv-vllm)")
 needs_offload_jobs = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not vc.VllmOffload.versions[0] <= installed <= vc.NEWEST,
-    reason="the offloading connector's job layout: vLLM 0.29.0 .. 0.33.0")
+    reason="the offloading connector's job layout: vLLM 0.29.0 .. 0.34.0")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)

@@ -1,4 +1,4 @@
-"""Shadow mode on vLLM 0.33.0's real KVCacheManager, BlockPool and Scheduler (run in the
+"""Shadow mode on vLLM's real KVCacheManager (0.33.0, 0.34.0), BlockPool and Scheduler (run in the
 vLLM environment: `make test-engines`, or PYTHONPATH=. with vLLM installed).
 
 The project's workload (bench/engine_speed.py over bench/workload.py's conversations)
@@ -72,8 +72,6 @@ def test_full_scheduler_workload_raises_no_alarm(defer: bool, tmp_path: Path) ->
     """vLLM's own Scheduler admits, decodes, preempts and finishes the conversations.
     Requests end while their step is in flight (between schedule and update_from_output),
     so with deferred frees their blocks wait in the scheduler for the step to land."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     ns = scheduler(41, defer)
     sched, aborted = ns["sched"], ns["RequestStatus"].FINISHED_ABORTED
     s = shadow.attach(ns["mgr"], engine="vllm", full_every=50, report_dir=tmp_path)
@@ -90,8 +88,7 @@ def test_full_scheduler_workload_raises_no_alarm(defer: bool, tmp_path: Path) ->
             sched.finish_requests(done, aborted)
             deferred += sum(len(b) for _, b in sched.deferred_frees)
         ids = list(out.num_scheduled_tokens)
-        sched.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[1] for _ in ids]))
+        sched.update_from_output(out, ns["runner_output"](ids, [[1] for _ in ids]))
 
     for i, prompt in enumerate(conversation_turns(random.Random(1), 40, 4)):
         sched.add_request(ns["request"](f"q{i}", prompt))
@@ -222,10 +219,7 @@ def test_the_deferred_free_is_not_an_alarm_and_is_still_checked(tmp_path: Path) 
     assert any(v.startswith("INV-REFCOUNT") for v in found) and any("owned by nobody" in v for v in found)
     assert s.alarms == []
     ids = list(out.num_scheduled_tokens)
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                    sampled_token_ids=[[1] for _ in ids]))
+    sched.update_from_output(out, ns["runner_output"](ids, [[1] for _ in ids]))
     assert not sched.deferred_frees and s.alarms == []
     last = s.history()[-1]
     assert last.name == "pool.free_blocks" and last.blocks is not None and last.blocks >= {1, 2, 3}

@@ -1,4 +1,4 @@
-"""Shadow mode for vLLM 0.33.0's KVCacheManager and its BlockPool (kvoracle.shadow).
+"""Shadow mode for vLLM 0.33.0 .. 0.34.0's KVCacheManager and its BlockPool (kvoracle.shadow).
 
     kvoracle.shadow.attach(scheduler.kv_cache_manager, engine="vllm")
 
@@ -38,6 +38,7 @@ Importing this module does not import vLLM.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -176,7 +177,7 @@ class VllmObserver(ObserverBase):
         return self._index(rid, old, new)
 
     def _hold(self, kind: str, blocks: Iterable[Any], keep: object = None, of: str = "") -> set[int]:
-        ids = [b.block_id for b in blocks if not b.is_null and b.pool in (None, self.pool)]
+        ids = [b.block_id for b in blocks if not b.is_null and _pool_of(b) in (None, self.pool)]
         if not ids:
             return set()
         name = f"{kind} {next(self.numbers)}" + (f" ({of})" if of else "")
@@ -399,3 +400,9 @@ class VllmObserver(ObserverBase):
 
 class _Unwritable(Exception):
     """A value a reproduction cannot write down."""
+
+
+def _pool_of(block: Any) -> Any:
+    """The pool a block came from (None: not noted); 0.34 notes it through a weak reference."""
+    pool = getattr(block, "pool", None)
+    return pool() if isinstance(pool, weakref.ref) else pool

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's KVCacheManager and BlockPool (vllm.v1.core) behind the adapter Protocol.
+"""vLLM's KVCacheManager and BlockPool (0.30.0 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
 
 admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slots
          also caches the full blocks); refused when allocate_slots returns None
@@ -99,13 +99,12 @@ logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance
 """ + TINY_LLAMA + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 cache_config = CacheConfig(block_size={BLOCK}, enable_prefix_caching=True)
 cache_config.num_gpu_blocks = {NUM_BLOCKS}
-vllm_config = VllmConfig(
+vllm_config = cpu_vllm_config(
     model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len={MAX_LEN}, dtype="float16"),
     cache_config=cache_config,
     scheduler_config=SchedulerConfig(max_num_batched_tokens={MAX_LEN}, max_num_seqs=4, max_model_len={MAX_LEN},
@@ -119,8 +118,7 @@ pool = mgr.block_pool
 def step(token=1):  # one engine step: schedule, then every scheduled request samples `token`
     out = sched.schedule()
     ids = list(out.num_scheduled_tokens)
-    ran = ModelRunnerOutput(req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}},
-                            sampled_token_ids=[[token] for _ in ids])
+    ran = runner_output(ids, [[token] for _ in ids])
     sched.update_from_output(out, ran)
 """
 

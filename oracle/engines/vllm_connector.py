@@ -1,5 +1,5 @@
 """vLLM's full v1 Scheduler and KVCacheManager with a KV connector kvoracle controls,
-behind the scheduler Protocol (oracle.serving), for the releases 0.15.1 .. 0.33.0.
+behind the scheduler Protocol (oracle.serving), for the releases 0.15.1 .. 0.34.0.
 
 The adapter plays EngineCore and the worker side of the connector; vLLM's own code is
 the Scheduler, its KVCacheManager and BlockPool, and (where a row uses one) the scheduler
@@ -92,7 +92,7 @@ from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import EXITED, Status, System
 from kvoracle.spec.types import RequestId
 
-OLDEST, NEWEST = (0, 15, 1), (0, 33, 0)
+OLDEST, NEWEST = (0, 15, 1), (0, 34, 0)
 JOBS_FROM = (0, 29, 0)  # the offloading connector's transfer jobs by id (OffloadingWorkerMetadata)
 
 HEAD = """\
@@ -118,7 +118,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 try:
@@ -128,7 +128,8 @@ except ImportError:
 """
 
 # The tiny model: a Llama config.json, no weights, no tokenizer, in one folder that every
-# engine process shares (written whole, then renamed into place: no process reads half of it).
+# engine process shares (written whole, then renamed into place: no process reads half of it);
+# the VllmConfig of an engine on the CPU; what its model runner returns.
 TINY_LLAMA = """
 model = os.path.join(tempfile.gettempdir(), "kvoracle-tiny-llama")
 os.makedirs(model, exist_ok=True)
@@ -138,6 +139,27 @@ with tempfile.NamedTemporaryFile("w", dir=model, suffix=".part", delete=False) a
                "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 256,
                "rms_norm_eps": 1e-5, "torch_dtype": "float16"}, f)
 os.replace(f.name, os.path.join(model, "config.json"))
+
+
+def cpu_vllm_config(**parts):
+    # 0.34 refuses an x86 CPU without Triton, which only its model runner needs (none runs
+    # here): while the config is checked, Triton counts as present.
+    import vllm.triton_utils as triton_utils
+    had, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
+    try:
+        return VllmConfig(**parts)
+    finally:
+        triton_utils.HAS_TRITON = had
+
+
+def runner_output(ids, sampled):
+    # What the model runner returns for the scheduled requests `ids` (0.34 dropped
+    # req_id_to_index: a request's index is its place in req_ids).
+    from vllm.v1.outputs import ModelRunnerOutput
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled)
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled)
 """
 
 # The block hasher and the KV cache's layout, sized by hand.
@@ -175,12 +197,75 @@ elif CONNECTOR == "mooncake":
 else:  # OFFLOAD: (CPU blocks, eviction policy)
     transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role=ROLE, kv_connector_extra_config={
         "cpu_bytes_to_use": OFFLOAD[0] * CHUNK, "eviction_policy": OFFLOAD[1]})
-vllm_config = VllmConfig(
+vllm_config = cpu_vllm_config(
     model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len=MAX_LEN, dtype="float16"),
     cache_config=cache_config, scheduler_config=SchedulerConfig(**scheduler_args), kv_transfer_config=transfer)
 if ASYNC:  # the CPU platform switches async scheduling off; a GPU deployment has it on
     vllm_config.scheduler_config.async_scheduling = True
 """
+
+# The scheduler side of kvoracle's own connector, importable before the config is made
+# (0.34 looks the connector class up while building VllmConfig).
+CONNECTOR_CLASS = '''
+
+class KvoracleConnector(KVConnectorBase_V1):
+    """The scheduler side of a connector kvoracle controls: remote prefills (every new
+    request's full prompt blocks are loaded asynchronously) and sends (a finished
+    request's blocks are read before they are freed)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:
+            super().__init__(vllm_config, role)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        rid = request.request_id
+        if not LOADS or rid in W.asked:
+            return 0, False
+        W.asked.add(rid)
+        hit = (request.num_tokens - 1) // B * B  # full blocks; the last token is computed here
+        return (hit - num_computed_tokens, True) if hit > num_computed_tokens else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if num_external_tokens > 0:
+            fresh = [b.block_id for b in blocks.blocks[0] if b.block_hash is None and not b.is_null]
+            W.start("load", request.request_id, fresh[: num_external_tokens // B])
+
+    def build_connector_meta(self, scheduler_output):
+        return KVConnectorMetadata()
+
+    def request_finished(self, request, block_ids):
+        rid = request.request_id
+        blocks = [b for b in block_ids if b]
+        if not SENDS or not blocks or W.of(rid, "load"):  # nothing to send: no I/O
+            return False, None
+        f = W.fault()
+        if f[0] == "raise":
+            W.cut_short.add(rid)
+            W.ended["error"] += 1
+            raise StorageError(f"the KV send of {rid} failed")
+        W.start("send", rid, blocks, fault=f)
+        return True, None
+
+    # the worker role is never built here
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+
+_module = types.ModuleType("kvoracle_vllm_connector")
+_module.KvoracleConnector = KvoracleConnector
+sys.modules["kvoracle_vllm_connector"] = _module
+'''
 
 WORKER = '''
 
@@ -309,65 +394,6 @@ W = Worker()
 
 def faults_of(faults):
     W.plan = list(faults)
-
-
-class KvoracleConnector(KVConnectorBase_V1):
-    """The scheduler side of a connector kvoracle controls: remote prefills (every new
-    request's full prompt blocks are loaded asynchronously) and sends (a finished
-    request's blocks are read before they are freed)."""
-
-    def __init__(self, vllm_config, role, kv_cache_config=None):
-        try:
-            super().__init__(vllm_config, role, kv_cache_config)
-        except TypeError:
-            super().__init__(vllm_config, role)
-
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        rid = request.request_id
-        if not LOADS or rid in W.asked:
-            return 0, False
-        W.asked.add(rid)
-        hit = (request.num_tokens - 1) // B * B  # full blocks; the last token is computed here
-        return (hit - num_computed_tokens, True) if hit > num_computed_tokens else (0, False)
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        if num_external_tokens > 0:
-            fresh = [b.block_id for b in blocks.blocks[0] if b.block_hash is None and not b.is_null]
-            W.start("load", request.request_id, fresh[: num_external_tokens // B])
-
-    def build_connector_meta(self, scheduler_output):
-        return KVConnectorMetadata()
-
-    def request_finished(self, request, block_ids):
-        rid = request.request_id
-        blocks = [b for b in block_ids if b]
-        if not SENDS or not blocks or W.of(rid, "load"):  # nothing to send: no I/O
-            return False, None
-        f = W.fault()
-        if f[0] == "raise":
-            W.cut_short.add(rid)
-            W.ended["error"] += 1
-            raise StorageError(f"the KV send of {rid} failed")
-        W.start("send", rid, blocks, fault=f)
-        return True, None
-
-    # the worker role is never built here
-    def start_load_kv(self, forward_context, **kwargs):
-        pass
-
-    def wait_for_layer_load(self, layer_name):
-        pass
-
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        pass
-
-    def wait_for_save(self):
-        pass
-
-
-_module = types.ModuleType("kvoracle_vllm_connector")
-_module.KvoracleConnector = KvoracleConnector
-sys.modules["kvoracle_vllm_connector"] = _module
 
 
 def worker_meta(jobs):
@@ -620,8 +646,7 @@ def _dispatch():
 def _process():
     out, _, sampling = QUEUE.pop()
     ids = list(out.num_scheduled_tokens)
-    ran = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                            sampled_token_ids=[[1] if r in sampling else [] for r in ids])
+    ran = runner_output(ids, [[1] if r in sampling else [] for r in ids])
     ran.kv_connector_output = W.report()
     sched.update_from_output(out, ran)
 
@@ -744,7 +769,7 @@ ALL_KINDS = frozenset({FaultKind.RAISE, FaultKind.ERROR, FaultKind.PARTIAL, Faul
 
 
 class VllmConnector(Scripted):
-    """vLLM 0.33.0's Scheduler with MooncakeStoreConnector: store jobs for every running
+    """vLLM's Scheduler (0.21.0 .. 0.34.0) with MooncakeStoreConnector: store jobs for every running
     request, loads of what the store holds, every fault kind."""
 
     name = "vllm-connector"
@@ -781,7 +806,7 @@ class VllmConnector(Scripted):
                    f"ASYNC, BUSY, BATCH = {self.async_scheduling}, {self.busy}, {self.batch_tokens}\n"
                    f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n")
         part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART + self.offload_layout()}[self.connector]
-        return HEAD + options + CONFIG + WORKER + part + ENGINE
+        return HEAD + options + CONNECTOR_CLASS + CONFIG + WORKER + part + ENGINE
 
     def offload_layout(self) -> str:
         """The offloading connector's layout in the installed release: completions by
@@ -1088,7 +1113,7 @@ class IdleDelayedFree(VllmConnector):
 class AbortLoadNeverAnswers(VllmConnector):
     """vLLM issue 46283 (PR 46289, open): an abort in WAITING_FOR_REMOTE_KVS waits for the
     load's finished_recving; a load that never answers keeps the blocks for good
-    (LIVE-TRANSFER, LIVE-DRAIN). 0.16.0 .. 0.33.0; no release fixes it."""
+    (LIVE-TRANSFER, LIVE-DRAIN). 0.16.0 .. 0.34.0; no release fixes it."""
 
     name = "vllm-abort-load-never-answers"
     connector = "kvoracle"
@@ -1101,7 +1126,7 @@ class FinishedRaises(VllmConnector):
     """A connector's request_finished that raises (a storage write failing at exit):
     Scheduler._free_request calls it before _free_blocks with nothing to catch it, so the
     request stays FINISHED_* in the scheduler, holding its blocks (LIVE-EXIT). Every
-    release 0.15.1 .. 0.33.0; the shape of FastDeploy PR 7807."""
+    release 0.15.1 .. 0.34.0; the shape of FastDeploy PR 7807."""
 
     name = "vllm-finished-raises"
     connector = "kvoracle"
@@ -1141,7 +1166,7 @@ class VllmOffload(VllmConnector):
     a finished request's blocks freed at once and fenced while its stores read them).
     Every fault kind; the CPU tier has 4 blocks, so stores evict and fail to find room.
 
-    Two findings, in 0.29.0 .. 0.33.0: a store job that never answers is waited for forever
+    Two findings, in 0.29.0 .. 0.34.0: a store job that never answers is waited for forever
     (LIVE-TRANSFER: no timeout, as everywhere in vLLM's connectors); and
     CPUOffloadingManager.prepare_store makes room by evicting any idle chunk but the
     store's own keys (LRUCachePolicy.evict with protected = those keys), so it evicts the
