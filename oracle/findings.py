@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +135,15 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     name = f"{engine}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
-    text = (reproduction(machine, result.counterexample, result.violation) if result.ended is None else
-            ended_reproduction(machine, result.counterexample, result.violation, engine, result.ended))
+    try:
+        text = (reproduction(machine, result.counterexample, result.violation) if result.ended is None else
+                ended_reproduction(machine, result.counterexample, result.violation, engine, result.ended))
+    except Exception as e:  # the finding stands and the campaign goes on: the file says why it is empty
+        why = f"the reproduction could not be written: {e!r}"
+        lines = [*_header(engine, result.counterexample, result.violation), f"# {why}", *(
+            f"# {line}" for line in traceback.format_exc().splitlines()), f"raise SystemExit({why!r})", ""]
+        path.write_text("\n".join(lines), encoding="utf-8")
+        return path, why
     path.write_text(text, encoding="utf-8")
     silent = result.ended is not None and result.ended.silent > 0
     hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less

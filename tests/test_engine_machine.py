@@ -217,3 +217,15 @@ def test_a_release_outside_an_adapters_range_is_refused_by_name_and_a_newer_one_
         require_release("vLLM", (0, 35, 0), (0, 30, 0), (0, 34, 0), "VllmAdapter")
     warned = capsys.readouterr().err
     assert warned.count("vLLM 0.35.0 is newer than VllmAdapter was checked on (0.30.0 .. 0.34.0)") == 1
+
+
+class Unwritable(adapter_for(by_name("counter-drift").cache_class)):  # type: ignore[misc]
+    def script(self) -> list[str]:
+        raise RuntimeError("the adapter cannot write its calls")
+
+
+def test_a_finding_whose_reproduction_cannot_be_written_is_still_reported(tmp_path: Path) -> None:
+    row = run_engine(Unwritable, False, [1, 2, 3], 300, 30, tmp_path)
+    assert row.result.first_id == "INV-COUNTERS" and not row.confirmed
+    assert row.reproduces == "the reproduction could not be written: RuntimeError('the adapter cannot write its calls')"
+    assert row.reproduction is not None and "raise SystemExit(" in row.reproduction.read_text()
