@@ -61,7 +61,7 @@ docs: $(STAMP)
 # Engine environments: torch 2.13.0+cpu (the CPU wheel: on disk here; elsewhere add PyTorch's
 # CPU index, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; the constraint keeps CUDA wheels out),
 # the engine with --no-deps, exactly the pins in engines/<engine>.txt, and kvoracle itself.
-ENGINE_PIN_vllm := vllm==0.33.0
+ENGINE_PIN_vllm := vllm==0.34.0
 ENGINE_PIN_sglang := sglang==0.5.23
 ENGINE_PIP = .venv-$*/bin/pip install -q --disable-pip-version-check -c engines/torch.txt
 SOURCES := $(shell find kvoracle/ spec/ kvcache/ scheduler/ oracle/ proofs/ -name '*.py') pyproject.toml

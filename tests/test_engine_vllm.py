@@ -1,4 +1,4 @@
-"""vLLM through its adapters (0.33.0 in .venv-vllm: `make test-engines`; 0.30.0 .. 0.34.0 are driven)."""
+"""vLLM through its adapters (0.34.0 in .venv-vllm: `make test-engines`; 0.30.0 .. 0.34.0 are driven)."""
 
 from __future__ import annotations
 

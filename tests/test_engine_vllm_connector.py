@@ -30,7 +30,7 @@ ROWS = [vc.VllmConnector, vc.MooncakePreemptStore, vc.AbortDuringLoad, vc.AsyncC
 installed = vc.vllm_version()
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not (0, 28, 0) <= installed <= vc.NEWEST,
-    reason="vLLM 0.28.0 .. 0.34.0 (`make engines` installs 0.33.0 in .venv-vllm)")
+    reason="vLLM 0.28.0 .. 0.34.0 (`make engines` installs 0.34.0 in .venv-vllm)")
 needs_offload_jobs = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not vc.VllmOffload.versions[0] <= installed <= vc.NEWEST,
     reason="the offloading connector's job layout: vLLM 0.29.0 .. 0.34.0")

@@ -31,8 +31,8 @@ ENGINES: dict[str, Engine] = {
     for e in (
         Engine("reference", "kvoracle.oracle.engines.reference", "ReferenceAdapter", "kvoracle.kvcache", "",
                "this tree"),
-        Engine("vllm", "kvoracle.oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.33.0"),
-        Engine("vllm-scheduler", "kvoracle.oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.33.0"),
+        Engine("vllm", "kvoracle.oracle.engines.vllm", "VllmAdapter", "vllm", ".venv-vllm", "0.34.0"),
+        Engine("vllm-scheduler", "kvoracle.oracle.engines.vllm", "VllmSchedulerAdapter", "vllm", ".venv-vllm", "0.34.0"),
         Engine("sglang", "kvoracle.oracle.engines.sglang", "SglangAdapter", "sglang", ".venv-sglang", "0.5.23"),
         Engine("fastdeploy", "kvoracle.oracle.engines.fastdeploy", "FastDeployAdapter", "fastdeploy", "", "source"),
         Engine("fastdeploy-chunked", "kvoracle.oracle.engines.fastdeploy_chunked", "FastDeployChunked", "fastdeploy", "",
