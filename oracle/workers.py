@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import shutil
 import socket
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -59,8 +61,8 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
         _connect(ray, address)
     died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)
     try:
-        remote = ray.remote(max_retries=0)(work)  # a worker the piece ended is its result: no retry
-        started = [remote.remote(piece) for piece in pieces]  # all submitted first: they run at once
+        remote = ray.remote(max_retries=0)(_in_scratch)  # a worker the piece ended is its result: no retry
+        started = [remote.remote(work, piece) for piece in pieces]  # all submitted first: they run at once
         for ref in started:
             try:
                 result: R = ray.get(ref)
@@ -71,6 +73,18 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
     finally:
         if ours:
             ray.shutdown()
+
+
+def _in_scratch(work: Callable[[T], R], piece: T) -> R:
+    """A piece on a Ray worker, its temporary files in a directory of its own that goes
+    when it answers (Ray ends its workers without running their finalizers)."""
+    where = tempfile.mkdtemp(prefix="kvoracle-ray-")
+    before, tempfile.tempdir = tempfile.tempdir, where
+    try:
+        return work(piece)
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _connect(ray: Any, address: str) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,25 @@ def test_unusable_campaign_settings_are_refused_and_nothing_is_set(
     assert main(["check", "--level", "cache", "--no-coverage", *given]) == 2
     assert says in capsys.readouterr().err
     assert (FAULT_RATE[0], audit.EVERY[0], os.environ.get("KV_BACKEND")) == before
+
+
+def makes_a_temporary_directory(name: str) -> str:
+    where = tempfile.mkdtemp(prefix=name)
+    Path(where, "block").write_bytes(b"kv")
+    return where
+
+
+def test_what_a_piece_leaves_in_its_temporary_directory_on_a_ray_worker_goes_when_it_answers(tmp_path: Path) -> None:
+    # Ray ends its workers without running their finalizers (the disk row's Disk
+    # directories stayed in /tmp): each piece's temporary files go when it answers.
+    from kvoracle.oracle.workers import _in_scratch
+
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        where = _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
+        assert tempfile.tempdir == str(tmp_path)
+    finally:
+        tempfile.tempdir = before
+    assert Path(where).parent.parent == tmp_path and not Path(where).exists()
+    assert list(tmp_path.iterdir()) == []
