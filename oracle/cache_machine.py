@@ -231,7 +231,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.live[r] = Live(tokens, blocks)  # before the call: the check after it expects the request
         limit = min(budget, need) if budget and getattr(e, "match_limits", True) else need
         self._step("match", lambda: e.match(r, asked, limit=limit),
-                   lambda got: Match(r, asked.hashes, got.swap_dests, got.prefetch_dests))
+                   lambda got: Match(r, asked.hashes, got.swap_dests, got.prefetch_dests, limit))
         self.live[r].placed = len(e.table(r))
         rest = blocks - self.live[r].placed
         self._allocate(r, rest if chunk == 0 else min(chunk, rest))

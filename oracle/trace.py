@@ -168,7 +168,9 @@ def cache_event(ev: Json, line: int) -> CacheEvent:
     r = RequestId(_int(ev.get("request", -1), line, "request"))
     hashes = tuple(BlockHash(h) for h in _ints(ev.get("hashes", []), line, "hashes"))
     if op == "match":
-        return Match(r, hashes, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line))
+        limit = ev.get("limit")
+        return Match(r, hashes, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line),
+                     None if limit is None else _int(limit, line, "limit"))
     if op == "allocate":
         return Allocate(r, _blocks(ev, "blocks", line))
     if op == "commit":
@@ -374,7 +376,7 @@ def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_block
             if need <= cache.gpu.num_free:
                 rep = cache.match(r, hashes, limit=need)
                 emit({"op": "match", "request": r, "hashes": list(hashes), "swap_dests": list(rep.swap_dests),
-                      "prefetch_dests": list(rep.prefetch_dests)})
+                      "prefetch_dests": list(rep.prefetch_dests), "limit": need})
                 blocks = cache.allocate(r, len(hashes) - len(cache.table(r)))
                 emit({"op": "allocate", "request": r, "blocks": list(blocks)})
                 live[r] = hashes

@@ -174,12 +174,16 @@ def match(
     hashes: Sequence[BlockHash],
     swap_dests: Sequence[GpuBlock] = (),
     prefetch_dests: Sequence[GpuBlock] = (),
+    limit: int | None = None,
 ) -> CacheState:
     """Request r takes a reference on its GPU-resident prefix, then swaps in the next
     len(swap_dests) nodes from CPU and prefetches the next len(prefetch_dests) blocks
-    from storage. A node in transit is never matched (the match stops there)."""
+    from storage, at most `limit` GPU blocks for the two when the caller set one. A
+    node in transit is never matched (the match stops there)."""
     a = "match"
     require(r not in s.requests, a, f"request {r} already holds blocks")
+    taken = len(swap_dests) + len(prefetch_dests)
+    require(limit is None or taken <= limit, a, f"{taken} GPU blocks swapped in and prefetched for a limit of {limit}")
     gpu_free = _take_free(s.gpu_free, [*swap_dests, *prefetch_dests], a)
     n_gpu = gpu_hits(s, hashes)
     path = list(hashes[:n_gpu])
@@ -511,6 +515,7 @@ class Match:
     hashes: tuple[BlockHash, ...]
     swap_dests: tuple[GpuBlock, ...] = ()
     prefetch_dests: tuple[GpuBlock, ...] = ()
+    limit: int | None = None  # the GPU blocks the caller allowed the two (None: as many as are free)
 
 
 @dataclass(frozen=True)
@@ -553,7 +558,7 @@ CacheEvent = Match | Allocate | Commit | Release | Evict | Complete | Reset
 def apply_cache(s: CacheState, e: CacheEvent) -> CacheState:
     """The cache action an event names, with the choices it carries."""
     if isinstance(e, Match):
-        return match(s, e.request, e.hashes, e.swap_dests, e.prefetch_dests)
+        return match(s, e.request, e.hashes, e.swap_dests, e.prefetch_dests, e.limit)
     if isinstance(e, Allocate):
         return allocate(s, e.request, e.blocks)
     if isinstance(e, Commit):

@@ -166,6 +166,14 @@ def test_second_match_after_release_takes_gpu_hits_and_refcounts() -> None:
     assert s.gpu_free == (G(2), G(3))
 
 
+def test_a_match_takes_no_more_gpu_blocks_than_its_caller_allowed() -> None:
+    s = replace(initial(4, 2), stored=frozenset(HS[:2]))  # both blocks in storage only: prefetch hits
+    for limit in (None, 2):
+        assert actions.match(s, R0, HS[:2], prefetch_dests=[G(0), G(1)], limit=limit).requests[R0].private == (G(0), G(1))
+    with pytest.raises(PreconditionError, match="2 GPU blocks swapped in and prefetched for a limit of 1"):
+        actions.match(s, R0, HS[:2], prefetch_dests=[G(0), G(1)], limit=1)
+
+
 # --- commit ------------------------------------------------------------------------------
 
 
