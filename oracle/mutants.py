@@ -13,7 +13,7 @@ from typing import Any
 
 from kvoracle.kvcache.allocator import BlockAllocator
 from kvoracle.kvcache.lru import LeafHeap
-from kvoracle.kvcache.manager import CacheManager, Completion, EvictReport, Holding, MatchReport, ReleaseReport
+from kvoracle.kvcache.manager import CacheManager, Completion, EvictReport, Holding, ReleaseReport
 from kvoracle.kvcache.faults import Reply
 from kvoracle.kvcache.errors import OutOfBlocks
 from kvoracle.kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
@@ -170,21 +170,6 @@ class StuckFill(CacheManager):
         return ended
 
 
-# --- 3: a match that takes more GPU blocks than its caller allowed ------------------------------
-
-
-class OverdrawnMatch(CacheManager):
-    """match's limit bounds the swap-in and the prefetch each, not the two together (the
-    eighth blind run's bug: the prefetch's budget forgets what the swap-in took)."""
-
-    def match(self, r: RequestId, hashes: Sequence[BlockHash], *, limit: int | None = None) -> MatchReport:
-        if limit is None:
-            return super().match(r, hashes)
-        path = self._walk_gpu(hashes)
-        swapped = self._cpu_run(path[-1] if path else self.tree.root, hashes[len(path):], limit)
-        return super().match(r, hashes, limit=limit + len(swapped))
-
-
 CACHE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("heap-drop", 1, "Shared node popped from the LRU heap and dropped: FastDeploy's dropped heap node",
            "LeafHeap._drop_stale keeps the node's in_heap flag",
@@ -212,9 +197,6 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("stuck-fill", 10, "A fill that delivered nothing is waited for forever",
            "a swap-in or prefetch that fails outright leaves its request not ready, with nothing in flight",
            frozenset({"REFINEMENT"}), StuckFill),
-    Mutant("overdrawn-match", 3, "A match takes more GPU blocks than its caller allowed",
-           "match's limit bounds the swap-in and the prefetch each, not the two together",
-           frozenset({"REFINEMENT"}), OverdrawnMatch),
 )
 
 
