@@ -143,7 +143,10 @@ os.replace(f.name, os.path.join(model, "config.json"))
 
 def cpu_vllm_config(**parts):
     # 0.34 refuses an x86 CPU without Triton, which only its model runner needs (none runs
-    # here): while the config is checked, Triton counts as present.
+    # here): while the config is checked, Triton counts as present (older releases as they are).
+    import vllm
+    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 34):
+        return VllmConfig(**parts)
     import vllm.triton_utils as triton_utils
     had, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
     try:
