@@ -69,7 +69,7 @@ def test_engines_writing_the_tiny_model_never_show_each_other_half_a_config(tmp_
             except ValueError as e:
                 broken.append(e)
 
-    code = compile(vc.TINY_LLAMA, "<TINY_LLAMA>", "exec")
+    code = compile(vc.CPU_ENGINE, "<CPU_ENGINE>", "exec")
     before, tempfile.tempdir = tempfile.tempdir, str(tmp_path)
     reader = threading.Thread(target=read)
     reader.start()

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import NEWEST, TINY_LLAMA, vllm_version
+from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, NEWEST, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -90,13 +90,13 @@ def grow(req, tokens):
 
 PREAMBLE = manager_preamble()
 
-# The full Scheduler needs a model config but no weights: the tiny Llama (TINY_LLAMA), no
+# The full Scheduler needs a model config but no weights: the tiny Llama of CPU_ENGINE, no
 # tokenizer, and the KV cache size given by hand.
 SCHEDULER_PREAMBLE = """\
 import json, logging, os, tempfile
 os.environ.update(HF_HUB_OFFLINE="1")
 logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
-""" + TINY_LLAMA + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
+""" + CPU_ENGINE + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus

@@ -127,10 +127,10 @@ except ImportError:
     from vllm.utils import sha256
 """
 
-# The tiny model: a Llama config.json, no weights, no tokenizer, in one folder that every
-# engine process shares (written whole, then renamed into place: no process reads half of it);
-# the VllmConfig of an engine on the CPU; what its model runner returns.
-TINY_LLAMA = """
+# An engine on the CPU: the tiny model (a Llama config.json, no weights, no tokenizer, in one
+# folder that every engine process shares, written whole and renamed into place so that no
+# process reads half of it), its VllmConfig, and what its model runner returns.
+CPU_ENGINE = """
 model = os.path.join(tempfile.gettempdir(), "kvoracle-tiny-llama")
 os.makedirs(model, exist_ok=True)
 with tempfile.NamedTemporaryFile("w", dir=model, suffix=".part", delete=False) as f:
@@ -166,7 +166,7 @@ def runner_output(ids, sampled):
 """
 
 # The block hasher and the KV cache's layout, sized by hand.
-CONFIG = TINY_LLAMA + """
+CONFIG = CPU_ENGINE + """
 init_none_hash(sha256)
 hasher = get_request_block_hasher(B, sha256)
 layer = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
