@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 
 import kvoracle
 from kvoracle.proofs.model_check import Report, explore
+from kvoracle.proofs.native import with_native_inits
 from kvoracle.proofs.partitioned import explore_partitioned
 from kvoracle.spec.next import Scope
 
@@ -89,6 +90,8 @@ def build(say: Callable[[str], None] = lambda _: None) -> Path:
         (work / "kvoracle" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package / f, work / "kvoracle" / f)
     targets = sorted(str(p.relative_to(work)) for pattern in COMPILED for p in (work / "kvoracle").glob(pattern))
+    for target in targets:  # native __init__s: the sources' own frozen dataclasses stay as they are
+        (work / target).write_text(with_native_inits((work / target).read_text()))
     # a config of its own: mypy would otherwise look for one in the folders above the cache
     # (a project's pyproject.toml, perhaps this repository's, which holds COMPILING false)
     (work / "mypy.ini").write_text("[mypy]\n")

@@ -9,8 +9,9 @@ was the model checker's largest cost. Spec's dataclasses have no `__post_init__`
 `init=False` fields and no `__slots__`, which is what makes the copy equivalent.
 
 Compiled by mypyc (`kvoracle prove --compiled`, proofs/compiled.py), spec's classes are
-native: their instances have no `__dict__`, and their `__init__` is compiled code, so
-the copy calls it with every field, positionally.
+native: their instances have no `__dict__`, and the build gives each a compiled `__init__`
+and `__copy__` and drops `frozen` (proofs/native.py), so the copy is the class's own
+`__copy__` and the changed fields are then set.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ def _copy_with(obj: T, /, **changes: object) -> T:
     cls = type(obj)
     names = field_names(cls)
     if names is not None:
-        return cls(*[changes[n] if n in changes else getattr(obj, n) for n in names])
+        copied: T = getattr(obj, "__copy__")()  # written out for the build (proofs/native.py)
+        for name, value in changes.items():
+            setattr(copied, name, value)
+        return copied
     new: T = object.__new__(cls)
-    state = new.__dict__
-    state.update(obj.__dict__)
+    state = obj.__dict__.copy()
     state.update(changes)
+    object.__setattr__(new, "__dict__", state)  # past the frozen __setattr__
     return new
 
 

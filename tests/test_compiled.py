@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +88,55 @@ def test_the_cache_keeps_the_newest_builds(tmp_path: Path) -> None:
     (tmp_path / "unfinished.tmp").mkdir()
     compiled._prune(tmp_path, 3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build2", "build3", "build4", "unfinished.tmp"]
+
+
+def _rewritten(module: str) -> dict[str, object]:
+    """spec/<module>.py as the build compiles it, run as plain Python."""
+    from kvoracle.proofs.native import with_native_inits
+
+    source = with_native_inits((Path(compiled._package()) / "spec" / f"{module}.py").read_text())
+    rewritten = types.ModuleType(f"kvoracle.spec.rewritten_{module}")
+    with pytest.MonkeyPatch.context() as patch:  # dataclasses reads string annotations' module
+        patch.setitem(sys.modules, rewritten.__name__, rewritten)
+        exec(compile(source, f"rewritten {module}.py", "exec"), rewritten.__dict__)
+    return rewritten.__dict__
+
+
+def test_the_rewritten_dataclasses_build_equal_and_hash_as_the_frozen_ones() -> None:
+    from dataclasses import fields
+
+    from kvoracle.spec import state
+    from kvoracle.spec.frozen import replace
+    from kvoracle.spec.types import BlockHash
+
+    rewritten = _rewritten("state")
+    cls = rewritten["CacheState"]
+    assert isinstance(cls, type)
+    assert [f.name for f in fields(cls)] == [f.name for f in fields(state.CacheState)]
+    a, b = cls(4, 1, (0, 1, 2, 3), (0,)), cls(4, 1, (0, 1, 2, 3), (0,))
+    assert a == b and a.nodes == {} and a.nodes is not b.nodes  # a new dict each
+    original = state.initial(4, 1)
+    assert repr(a) == repr(original)  # the same defaults
+    copied = a.__copy__()
+    assert copied == a and copied is not a
+    node = rewritten["Node"]
+    assert isinstance(node, type)
+    assert node(None, 3, refcount=1) != node(None, 3, refcount=2)
+    assert hash(node(None, 3, 1)) == hash(state.Node(None, 3, 1))  # type: ignore[arg-type]
+    heap = rewritten["Heap"]
+    assert isinstance(heap, type)
+    assert heap() == heap(frozenset(), frozenset()) and hash(heap()) == hash(state.Heap())
+    one = frozenset({BlockHash(1)})
+    assert replace(state.Heap(), entries=one) == state.Heap(one)
+
+
+def test_a_rewritten_module_keeps_its_comments_and_every_class_not_frozen() -> None:
+    from kvoracle.proofs.native import with_native_inits
+
+    source = (Path(compiled._package()) / "proofs" / "model_check.py").read_text()
+    assert with_native_inits(source) == source  # its dataclasses are not frozen: nothing to rewrite
+    spec_next = (Path(compiled._package()) / "spec" / "scheduler.py").read_text()
+    out = with_native_inits(spec_next)
+    assert "frozen=True" not in out and out.count("def __init__") == spec_next.count("frozen=True")
+    assert [line for line in out.splitlines() if "#" in line] == [line for line in spec_next.splitlines()
+                                                                 if "#" in line]
