@@ -1,15 +1,16 @@
-"""Spec's frozen dataclasses rewritten for mypyc: each gets an `__init__` written out,
-which mypyc compiles to native code.
+"""Spec's frozen dataclasses rewritten for mypyc: each gets its `__init__`, `__eq__` and
+`__hash__` written out, and a `__copy__`, which mypyc compiles to native code.
 
-The `__init__` that `dataclasses` generates is Python code made at import time, so mypyc
-cannot compile it: compiled, every state the search builds still ran an interpreted
-frame per object, and a frozen class's frame sets each field through
-`object.__setattr__`. That was the largest cost of the compiled search after the
-objects themselves. Here, in the build's copy of the sources only (proofs/compiled.py),
-each `@dataclass(frozen=True)` class becomes `@dataclass(init=False, unsafe_hash=True)`
-with an explicit `__init__` of the same signature: the same fields in the same order,
-the same defaults, the same equality and the same hash. What `frozen` adds is a
-guarantee that mypy already checks on the sources, where the classes stay frozen.
+The methods that `dataclasses` generates are Python code made at import time, so mypyc
+cannot compile them: compiled, every state the search built still ran an interpreted
+frame per object, and a frozen class's `__init__` sets each field through
+`object.__setattr__`; every comparison of two heaps or two states ran one too. That was
+the largest cost of the compiled search after the objects themselves. Here, in the
+build's copy of the sources only (proofs/compiled.py), each `@dataclass(frozen=True)`
+class becomes `@dataclass(init=False, eq=False)` with those methods written out: the
+same fields in the same order, the same defaults, the same equality and the same hash;
+`spec.frozen.replace` copies with `__copy__`. What `frozen` adds is a guarantee that mypy
+already checks on the sources, where the classes stay frozen.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import ast
 
 
-def with_native_inits(source: str) -> str:
-    """`source` with every frozen dataclass given a written-out `__init__`: the text is
+def with_native_methods(source: str) -> str:
+    """`source` with every frozen dataclass given written-out methods: the text is
     spliced, not regenerated, so comments (mypy's `type: ignore`s among them) stay."""
     lines = source.splitlines(keepends=True)
     classes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)]
@@ -28,14 +29,14 @@ def with_native_inits(source: str) -> str:
             continue
         indent = " " * node.body[0].col_offset
         fields = _fields(node)
-        methods = _init(fields) + "\n" + _copy(node.name, fields)
+        methods = "\n\n".join(m.strip("\n") for m in (_init(fields), _copy(node.name, fields), _equality(node.name, fields)))
         assert node.end_lineno is not None and decorator.end_lineno is not None
         lines.insert(node.end_lineno, "\n" + "".join(f"{indent}{line}\n" if line else "\n" for line in methods.splitlines()))
         keywords = [ast.unparse(k) for k in decorator.keywords if k.arg != "frozen"]
         head = lines[decorator.lineno - 1][: decorator.col_offset]
         tail = lines[decorator.end_lineno - 1][decorator.end_col_offset:]
         lines[decorator.lineno - 1: decorator.end_lineno] = [
-            f"{head}dataclass({', '.join([*keywords, 'init=False', 'unsafe_hash=True'])}){tail}"]
+            f"{head}dataclass({', '.join([*keywords, 'init=False', 'eq=False'])}){tail}"]
     return "".join(lines)
 
 
@@ -82,6 +83,19 @@ def _copy(cls: str, fields: list[Field]) -> str:
     """A native `__copy__` (spec.frozen.replace copies, then sets the changed fields)."""
     values = ", ".join(f"self.{name}" for name, _, _ in fields)
     return f"def __copy__(self) -> {cls}:\n    return {cls}({values})"
+
+
+def _equality(cls: str, fields: list[Field]) -> str:
+    """`__eq__` and `__hash__` as dataclasses writes them for a frozen class: the fields as
+    a tuple, compared only with an instance of the very same class."""
+    mine = "".join(f"self.{name}, " for name, _, _ in fields)
+    theirs = "".join(f"other.{name}, " for name, _, _ in fields)
+    return (f"def __eq__(self, other: object) -> bool:\n"
+            f"    if type(other) is not type(self) or not isinstance(other, {cls}):\n"
+            f"        return NotImplemented\n"
+            f"    return ({mine}) == ({theirs})\n\n"
+            f"def __hash__(self) -> int:\n"
+            f"    return hash(({mine}))\n")
 
 
 def _factory(default: ast.expr | None) -> ast.expr | None:

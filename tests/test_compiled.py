@@ -92,9 +92,9 @@ def test_the_cache_keeps_the_newest_builds(tmp_path: Path) -> None:
 
 def _rewritten(module: str) -> dict[str, object]:
     """spec/<module>.py as the build compiles it, run as plain Python."""
-    from kvoracle.proofs.native import with_native_inits
+    from kvoracle.proofs.native import with_native_methods
 
-    source = with_native_inits((Path(compiled._package()) / "spec" / f"{module}.py").read_text())
+    source = with_native_methods((Path(compiled._package()) / "spec" / f"{module}.py").read_text())
     rewritten = types.ModuleType(f"kvoracle.spec.rewritten_{module}")
     with pytest.MonkeyPatch.context() as patch:  # dataclasses reads string annotations' module
         patch.setitem(sys.modules, rewritten.__name__, rewritten)
@@ -131,12 +131,12 @@ def test_the_rewritten_dataclasses_build_equal_and_hash_as_the_frozen_ones() -> 
 
 
 def test_a_rewritten_module_keeps_its_comments_and_every_class_not_frozen() -> None:
-    from kvoracle.proofs.native import with_native_inits
+    from kvoracle.proofs.native import with_native_methods
 
     source = (Path(compiled._package()) / "proofs" / "model_check.py").read_text()
-    assert with_native_inits(source) == source  # its dataclasses are not frozen: nothing to rewrite
+    assert with_native_methods(source) == source  # its dataclasses are not frozen: nothing to rewrite
     spec_next = (Path(compiled._package()) / "spec" / "scheduler.py").read_text()
-    out = with_native_inits(spec_next)
+    out = with_native_methods(spec_next)
     assert "frozen=True" not in out and out.count("def __init__") == spec_next.count("frozen=True")
     assert [line for line in out.splitlines() if "#" in line] == [line for line in spec_next.splitlines()
                                                                  if "#" in line]
