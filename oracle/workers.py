@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import os
 import shutil
 import socket
 import tempfile
@@ -22,6 +23,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 LOCAL = "local"  # --ray local: start a Ray cluster on this machine for the run
+SCRATCH = "kvoracle-ray-"  # a Ray piece's temporary directory: this, the worker's pid, a dash, a random part
 
 
 class ClusterUnavailable(Exception):
@@ -77,14 +79,35 @@ def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterat
 
 def _in_scratch(work: Callable[[T], R], piece: T) -> R:
     """A piece on a Ray worker, its temporary files in a directory of its own that goes
-    when it answers (Ray ends its workers without running their finalizers)."""
-    where = tempfile.mkdtemp(prefix="kvoracle-ray-")
+    when it answers (Ray ends its workers without running their finalizers). A worker
+    killed mid-piece cannot remove its directory: the name holds the worker's pid, and
+    the next piece on that machine removes the directories of workers no longer alive."""
+    base = Path(tempfile.gettempdir())
+    _sweep_orphans(base)
+    where = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-", dir=base)
     before, tempfile.tempdir = tempfile.tempdir, where
     try:
         return work(piece)
     finally:
         tempfile.tempdir = before
         shutil.rmtree(where, ignore_errors=True)
+
+
+def _sweep_orphans(base: Path) -> None:
+    for orphan in base.glob(f"{SCRATCH}*-*"):
+        pid = orphan.name.removeprefix(SCRATCH).partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(orphan, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _connect(ray: Any, address: str) -> None:

@@ -124,3 +124,24 @@ def test_what_a_piece_leaves_in_its_temporary_directory_on_a_ray_worker_goes_whe
         tempfile.tempdir = before
     assert Path(where).parent.parent == tmp_path and not Path(where).exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ray_piece_removes_the_directories_of_killed_workers_and_keeps_live_ones(tmp_path: Path) -> None:
+    # A worker Ray kills mid-piece leaves its directory: the next piece on the machine
+    # removes it, and leaves alone those of workers still running.
+    from kvoracle.oracle.workers import SCRATCH, _in_scratch
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that no process holds now
+    dead = tmp_path / f"{SCRATCH}{child.pid}-x1"
+    live = tmp_path / f"{SCRATCH}{os.getpid()}-x2"
+    other = tmp_path / "kvoracle-disk-x3"
+    for folder in (dead, live, other):
+        (folder / "sub").mkdir(parents=True)
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
+    finally:
+        tempfile.tempdir = before
+    assert not dead.exists() and live.exists() and other.exists()
