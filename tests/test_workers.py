@@ -110,23 +110,21 @@ def makes_a_temporary_directory(name: str) -> str:
     return where
 
 
-def test_what_a_piece_leaves_in_its_temporary_directory_on_a_ray_worker_goes_when_it_answers(tmp_path: Path) -> None:
+def test_what_a_piece_leaves_in_its_temporary_directory_on_a_ray_worker_goes_when_it_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Ray ends its workers without running their finalizers (the disk row's Disk
     # directories stayed in /tmp): each piece's temporary files go when it answers.
     from kvoracle.oracle.workers import _in_scratch
 
-    before = tempfile.tempdir
-    tempfile.tempdir = str(tmp_path)
-    try:
-        where = _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
-        assert tempfile.tempdir == str(tmp_path)
-    finally:
-        tempfile.tempdir = before
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    where = _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
+    assert tempfile.tempdir == str(tmp_path)
     assert Path(where).parent.parent == tmp_path and not Path(where).exists()
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_ray_piece_removes_the_directories_of_killed_workers_and_keeps_live_ones(tmp_path: Path) -> None:
+def test_a_ray_piece_removes_the_directories_of_killed_workers_and_keeps_live_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A worker Ray kills mid-piece leaves its directory: the next piece on the machine
     # removes it, and leaves alone those of workers still running.
     from kvoracle.oracle.workers import SCRATCH, _in_scratch
@@ -138,10 +136,6 @@ def test_a_ray_piece_removes_the_directories_of_killed_workers_and_keeps_live_on
     other = tmp_path / "kvoracle-disk-x3"
     for folder in (dead, live, other):
         (folder / "sub").mkdir(parents=True)
-    before = tempfile.tempdir
-    tempfile.tempdir = str(tmp_path)
-    try:
-        _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
-    finally:
-        tempfile.tempdir = before
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
     assert not dead.exists() and live.exists() and other.exists()
