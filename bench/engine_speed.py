@@ -3,10 +3,12 @@ RadixCache: microseconds per request for match, allocate and free, and each engi
 ratio to the reference. A benchmark, not a test: no asserts.
 
 Each engine runs in its own environment (`make engines`): this script runs itself
-there as a worker and prints one table. The engines are called directly, not through
-the adapters, so the figures are the engines' own costs.
+there as a worker, one per engine, and the workers take turns, run by run (the fastest
+of --repeat runs is kept), so that every engine meets the same load on a shared machine;
+then it prints one table. The engines are called directly, not through the adapters, so
+the figures are the engines' own costs.
 
-    python bench/engine_speed.py [--engines reference vllm sglang] [--requests N] [--live L]
+    python bench/engine_speed.py [--engines reference vllm sglang] [--requests N] [--live L] [--repeat K]
 """
 
 from __future__ import annotations
@@ -140,53 +142,117 @@ def measure(driver: Driver, prompts: Sequence[list[int]], live: int) -> dict[str
     return {**per, "admitted": admitted}
 
 
-def worker(engine: str, requests: int, live: int, blocks: int, seed: int) -> dict[str, float]:
+def serve(engine: str, requests: int, live: int, blocks: int, seed: int) -> None:
+    """A worker: one run on a fresh engine per line read, its figures printed as one JSON line."""
     prompts = conversation_turns(random.Random(seed), requests, BLOCK)
-    return measure(DRIVERS[engine](blocks), prompts, live)
+    for _ in sys.stdin:
+        print(json.dumps(measure(DRIVERS[engine](blocks), prompts, live)), flush=True)
 
 
-def run_engine(engine: str, a: argparse.Namespace) -> dict[str, float] | str:
-    args = ["--requests", str(a.requests), "--live", str(a.live), "--blocks", str(a.blocks), "--seed", str(a.seed)]
-    e = ENGINES[engine]
-    if importlib.util.find_spec(e.requires) is not None:
-        return worker(engine, a.requests, a.live, a.blocks, a.seed)
-    python = ROOT / e.venv / "bin" / "python"
-    if not e.venv or not python.exists():
-        return f"not installed ({e.venv or e.requires}: make engines)"
-    done = subprocess.run([str(python), __file__, "--worker", engine, *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        return "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1]
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+class Worker:
+    """One engine's worker process, in the environment that has the engine."""
+
+    def __init__(self, engine: str, a: argparse.Namespace) -> None:
+        e = ENGINES[engine]
+        python = Path(sys.executable) if importlib.util.find_spec(e.requires) is not None else ROOT / e.venv / "bin" / "python"
+        if not python.exists():
+            raise RuntimeError(f"not installed ({e.venv or e.requires}: make engines)")
+        args = ["--requests", str(a.requests), "--live", str(a.live), "--blocks", str(a.blocks), "--seed", str(a.seed)]
+        self.process = subprocess.Popen([str(python), __file__, "--worker", engine, *args], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def run(self) -> dict[str, float]:
+        """One run, or RuntimeError with the worker's last line of error."""
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            stdin.write("run\n")
+            stdin.flush()
+        except BrokenPipeError:
+            pass  # it has died: the empty read below says why
+        line = stdout.readline()
+        if not line:
+            self.process.kill()
+            error = self.process.communicate()[1]
+            raise RuntimeError("failed: " + (error.strip().splitlines() or ["?"])[-1])
+        result: dict[str, float] = json.loads(line)
+        return result
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.communicate()  # end of input: it exits
+
+
+def total(r: dict[str, float]) -> float:
+    return sum(r[k] for k in PHASES)
+
+
+def measure_engines(engines: Sequence[str], a: argparse.Namespace) -> dict[str, dict[str, float] | str]:
+    """Each engine's fastest of `a.repeat` runs (by total), the engines taking turns run by
+    run: on a shared machine, whose speed drifts by tens of percent within a minute, turns
+    expose every engine to the same drift and the ratios stay comparable. A string says why
+    an engine has no figure."""
+    results: dict[str, dict[str, float] | str] = {}
+    workers: dict[str, Worker] = {}
+    for engine in engines:
+        try:
+            workers[engine] = Worker(engine, a)
+        except RuntimeError as e:
+            results[engine] = str(e)
+    try:
+        for _ in range(a.repeat):
+            for engine, w in list(workers.items()):
+                try:
+                    run = w.run()
+                except RuntimeError as e:
+                    results[engine] = str(e)
+                    del workers[engine]
+                    continue
+                best = results.get(engine)
+                if not isinstance(best, dict) or total(run) < total(best):
+                    results[engine] = run
+    finally:
+        for w in workers.values():
+            w.close()
+    return {engine: results[engine] for engine in engines}
+
+
+def positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", nargs="+", default=list(DRIVERS), choices=list(DRIVERS))
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--live", type=int, default=32, help="requests running at once (default 32)")
-    p.add_argument("--blocks", type=int, default=1024, help="usable KV blocks of 16 tokens (default 1024)")
+    p.add_argument("--requests", type=positive, default=2000)
+    p.add_argument("--live", type=positive, default=32, help="requests running at once (default 32)")
+    p.add_argument("--blocks", type=positive, default=1024, help="usable KV blocks of 16 tokens (default 1024)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=positive, default=5,
+                   help="runs per engine, each on a fresh engine, the engines taking turns; the fastest is reported "
+                        "(default 5)")
     p.add_argument("--worker", choices=list(DRIVERS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        print(json.dumps(worker(a.worker, a.requests, a.live, a.blocks, a.seed)))
+        serve(a.worker, a.requests, a.live, a.blocks, a.seed)
         return
-    results = {e: run_engine(e, a) for e in a.engines}
+    results = measure_engines(a.engines, a)
     base = results.get("reference")
-    print(f"{a.requests} requests, {a.live} live, {a.blocks} blocks of {BLOCK} tokens; microseconds per request")
+    print(f"{a.requests} requests, {a.live} live, {a.blocks} blocks of {BLOCK} tokens; microseconds per request "
+          f"(the fastest of {a.repeat} runs)")
     print(f"{'engine':<10} {'match':>8} {'allocate':>9} {'free':>8} {'total':>8}  {'x reference (match/alloc/free/total)':<38}"
           " admitted")
     for e, r in results.items():
         if isinstance(r, str):
             print(f"{e:<10} {r}")
             continue
-        total = sum(r[k] for k in PHASES)
         ratio = ""
         if isinstance(base, dict):
-            btotal = sum(base[k] for k in PHASES)
-            ratio = " / ".join(f"{r[k] / base[k]:.2f}" for k in PHASES) + f" / {total / btotal:.2f}"
-        print(f"{e:<10} {r['match']:>8.1f} {r['allocate']:>9.1f} {r['free']:>8.1f} {total:>8.1f}  {ratio:<38} "
+            ratio = " / ".join(f"{r[k] / base[k]:.2f}" for k in PHASES) + f" / {total(r) / total(base):.2f}"
+        print(f"{e:<10} {r['match']:>8.1f} {r['allocate']:>9.1f} {r['free']:>8.1f} {total(r):>8.1f}  {ratio:<38} "
               f"{int(r['admitted'])}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvoracle.kvcache.allocator import B, BlockAllocator
 from kvoracle.kvcache.errors import (
@@ -53,8 +54,7 @@ class Holding:
     filling: int = 0  # swap-ins and prefetches still filling this request's table
 
 
-@dataclass(frozen=True)
-class MatchReport:
+class MatchReport(NamedTuple):  # NamedTuples, not frozen dataclasses: built on every call, they cost less
     gpu_hits: int
     swap_dests: tuple[GpuBlock, ...]
     prefetch_dests: tuple[GpuBlock, ...]
@@ -66,20 +66,17 @@ class MatchReport:
         return self.gpu_hits + len(self.swap_dests) + len(self.prefetch_dests)
 
 
-@dataclass(frozen=True)
-class ReleaseReport:
+class ReleaseReport(NamedTuple):
     writes: tuple[tuple[BlockHash, GpuBlock], ...]
     write: TransferId | None
 
 
-@dataclass(frozen=True)
-class EvictReport:
+class EvictReport(NamedTuple):
     steps: tuple[EvictStep, ...]
     swap_out: TransferId | None
 
 
-@dataclass(frozen=True)
-class Completion:
+class Completion(NamedTuple):
     job: Job
     done: int  # leading items that succeeded
 
@@ -94,7 +91,12 @@ class _Tracking:
         self.manager = manager
         self.before: list[tuple[Node, bool, bool]] = []
         for n in nodes:  # one or two nodes: a scan beats a set
-            if n is not None and not n.is_root and all(n is not seen for seen, _, _ in self.before):
+            if n is None or n.parent is None:  # the root holds no block
+                continue
+            for seen, _, _ in self.before:
+                if seen is n:
+                    break
+            else:
                 self.before.append((n, manager.is_gpu_evictable(n), manager.is_cpu_evictable(n)))
 
     def __enter__(self) -> None:
@@ -207,10 +209,13 @@ class CacheManager:
         budget = self.gpu.num_free if limit is None else min(limit, self.gpu.num_free)
         cpu_run = self._cpu_run(path[-1] if path else self.tree.root, hashes[len(path) :], budget)
         start = len(path) + len(cpu_run)
-        fetch = [h for h in hashes[start : start + budget - len(cpu_run)]]
-        fetch = fetch[: next((i for i, h in enumerate(fetch) if h not in self.stored), len(fetch))]
-        swap_dests = self.gpu.allocate(len(cpu_run))
-        fetch_dests = self.gpu.allocate(len(fetch))
+        fetch: list[BlockHash] = []  # the stored run after them
+        for h in hashes[start : start + budget - len(cpu_run)]:
+            if h not in self.stored:
+                break
+            fetch.append(h)
+        swap_dests = self.gpu.allocate(len(cpu_run)) if cpu_run else []
+        fetch_dests = self.gpu.allocate(len(fetch)) if fetch else []
         now = self._tick()
         self._move_refs(path, +1, now)
         swap = self._start_swap_in(r, cpu_run, swap_dests, now)
@@ -298,7 +303,7 @@ class CacheManager:
             raise HashMismatch(r, "hashes disagree with the matched path")
         if len(hashes) > len(held.path) + len(held.private):
             raise HashMismatch(r, f"{len(hashes)} hashes for {len(held.path) + len(held.private)} blocks")
-        if not self.ready(r):
+        if held.filling:
             raise NotReady(r)
         made = 0
         now = self._tick()
@@ -415,7 +420,8 @@ class CacheManager:
         """The next node eviction takes from `heap`; stale entries it pops become steps."""
         stale: list[Node] = []
         node = heap.pop_evictable(evictable, stale)
-        steps.extend(SkipStale(n.hash, tier) for n in stale)
+        if stale:
+            steps.extend(SkipStale(n.hash, tier) for n in stale)
         return node
 
     def _evict_one_cpu(self, steps: list[EvictStep]) -> bool:
