@@ -2,7 +2,7 @@
 second, bytes per stored state, the peak memory of its largest process; one search in
 one process, then split across processes and across a local Ray cluster; interpreted, and
 compiled by mypyc where a C compiler is found), each stateful machine with its audit after every step and
-after every 10th (steps per second), Hypothesis alone on the cache machine's rules, the reference's bookkeeping per request next to
+after every 10th (steps per second), Hypothesis alone on the cache machine's rules and on two bare rules, the reference's bookkeeping per request next to
 each installed engine's, and the speed-up of a campaign on two worker processes. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
 side in one run.
@@ -136,9 +136,20 @@ def rules_alone(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedSta
     return type(f"{machine.__name__}RulesAlone", (RuleBasedStateMachine,), body), tally
 
 
+def bare_machine() -> tuple[type[RuleBasedStateMachine], Tally]:
+    """The cheapest machine Hypothesis runs: two rules, no arguments, bodies that count."""
+    tally = Tally()
+
+    def count(self: RuleBasedStateMachine) -> None:
+        tally.steps += 1
+
+    return type("Bare", (RuleBasedStateMachine,), {"first": rule()(count), "second": rule()(count)}), tally
+
+
 def machines(examples: int) -> list[Row]:
-    """Each machine with its audit after every step, then after every 10th; and the cache
-    machine with its audit and refinement off: what Hypothesis, the engine and its record cost."""
+    """Each machine with its audit after every step, then after every 10th; the cache
+    machine with its audit and refinement off (what Hypothesis, the engine and its record
+    cost); its rules with empty bodies, and two bare rules (what Hypothesis alone costs)."""
     rows = []
     for every in (1, 10):
         audit.set_interval(every)
@@ -162,6 +173,13 @@ def machines(examples: int) -> list[Row]:
     rows.append(("cache machine's rules alone", f"{steps / seconds:,.0f} steps/s",
                  f"{steps:,} steps in {seconds:.1f} s: Hypothesis drawing the same rules and arguments for bodies "
                  "that do nothing (no engine, no preconditions): the ceiling of any machine built on it"))
+    floor, tally = bare_machine()
+    start = time.perf_counter()
+    run_seeds(floor, [0], examples=examples, steps=100)
+    seconds, steps = time.perf_counter() - start, tally.steps
+    rows.append(("two rules without arguments", f"{steps / seconds:,.0f} steps/s",
+                 f"{steps:,} steps in {seconds:.1f} s: what Hypothesis alone costs per step, drawing only which "
+                 "rule comes next"))
     adapter = adapter_class("reference")
     for bad in (False, True):
         e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
