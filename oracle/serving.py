@@ -30,7 +30,7 @@ class SchedulerAdapter(Protocol):
     block_size: int
     gpu_blocks: int
     cpu_blocks: int
-    timeout: int  # ticks before an unanswered transfer counts as timed out
+    timeout: int  # ticks of the machine's clock by which every transfer is over, answered or timed out (LIVE-TRANSFER)
     # Optional: the fault kinds the engine's I/O can suffer (a synchronous engine has no
     # HANG or TWICE); the machine draws only those. Absent: every kind of the fault model.
     # fault_kinds: frozenset[FaultKind]

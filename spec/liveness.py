@@ -5,7 +5,8 @@ something else.
 
 LIVE-EXIT     Fairness: none; an exit is one step. Bounded form: within the exit step.
 LIVE-TRANSFER Fairness: time advances (ticks keep coming). Bounded form: no transfer is
-              in flight for more than `timeout` ticks of the checker's own clock.
+              still in flight once `timeout` ticks of the checker's own clock have
+              passed since it started (the tick that brings it there ends it).
 LIVE-EVICT    Fairness: none. Bounded form: one eviction call, when evictable nodes
               exist and it is asked for at least one block, evicts at least one, and
               does not raise.
@@ -58,10 +59,13 @@ def live_exit(before: View, after: View, r: str) -> list[Violation]:
 
 
 def live_transfer(started: Mapping[K, int], now: int, timeout: int) -> list[Violation]:
-    """LIVE-TRANSFER: no transfer has been in flight for more than `timeout` ticks.
-    `started` is the checker's own record of when it first saw each transfer."""
-    return [Violation("LIVE-TRANSFER", f"transfer {t} in flight for {now - at} ticks (timeout {timeout})")
-            for t, at in sorted(started.items(), key=lambda kv: str(kv[0])) if now - at > timeout]
+    """LIVE-TRANSFER: no transfer is still in flight once it has been in flight for
+    `timeout` ticks: the tick that brings it there answers it or times it out (as
+    spec's Next does). Time passes only in ticks, so a transfer seen in flight at
+    `timeout` ticks stays so until the next tick, into its `timeout + 1`-th. `started`
+    is the checker's own record of when it first saw each transfer."""
+    return [Violation("LIVE-TRANSFER", f"transfer {t} still in flight after {now - at} ticks (timeout {timeout})")
+            for t, at in sorted(started.items(), key=lambda kv: str(kv[0])) if now - at >= timeout]
 
 
 def live_evict(before: CacheState | None, evictable: int, need: int, steps: Sequence[EvictStep] | None,

@@ -151,7 +151,7 @@ class System:
     cache: CacheState
     requests: Mapping[RequestId, Request]
     block_size: int
-    timeout: int  # ticks an unanswered transfer may stay in flight (LIVE-TRANSFER)
+    timeout: int  # ticks after which an unanswered transfer has been timed out (LIVE-TRANSFER)
     now: int = 0
     started: Mapping[TransferId, int] = field(default_factory=dict)  # tick each in-flight transfer began
 
