@@ -267,6 +267,15 @@ class NoTimeout(ResourceManager):
         pass
 
 
+class LateTimeout(ResourceManager):
+    def _expire(self) -> None:
+        self.timeout += 1  # `>` for `>=`: what has run for `timeout` ticks waits one more
+        try:
+            super()._expire()
+        finally:
+            self.timeout -= 1
+
+
 # --- 11: a late completion frees blocks that were reused ----------------------------------------
 
 
@@ -318,6 +327,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            frozenset({"INV-REQUEST", "LIVE-EXIT"}), scheduler_class=LeakyAdmit),
     Mutant("no-timeout", 10, "A transfer that never completes is waited for forever",
            "the scheduler's timeout never fires", frozenset({"LIVE-TRANSFER"}), scheduler_class=NoTimeout),
+    Mutant("late-timeout", 10, "A transfer is timed out a tick after its timeout",
+           "the scheduler's expiry compares a transfer's age with > where it means >=", frozenset({"LIVE-TRANSFER"}),
+           scheduler_class=LateTimeout),
     Mutant("starving-admit", 13, "Admission that starves: a request that needs every free block waits forever",
            "admission asks for one block more than the request needs", frozenset({"LIVE-ADMIT"}),
            scheduler_class=StarvingAdmit),

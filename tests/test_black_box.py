@@ -74,6 +74,7 @@ FIRST_ID = {
     "write-raise-batch": {"LIVE-EXIT"},
     "leaky-admit": {"INV-REQUEST"},
     "no-timeout": {"LIVE-TRANSFER"},
+    "late-timeout": {"LIVE-TRANSFER"},
     "stuck-fill": {"REFINEMENT"},
     "starving-admit": {"LIVE-ADMIT"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
