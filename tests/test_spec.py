@@ -25,7 +25,7 @@ from kvoracle.spec.state import (
     gpu_evictable,
     initial,
 )
-from kvoracle.spec.liveness import ADMIT_GRACE, live_admit, stall
+from kvoracle.spec.liveness import ADMIT_GRACE, live_admit, live_transfer, stall
 from kvoracle.spec.view import TierView, View, of_cache, true_counters
 from kvoracle.spec.types import (
     BlockHash,
@@ -499,3 +499,11 @@ def test_live_admit_asks_nothing_of_an_engine_that_is_busy_or_whose_queue_does_n
     busy = _idle((0, 1), running=frozenset({"r2"}))
     assert stall(busy, busy, {"r0": 2}, 4, (0, 0)) is None
     assert stall(idle, idle, {"r0": 2, "r1": 2}, 4, (1, 1)) is None  # a transfer in flight
+
+
+def test_a_transfer_must_be_over_on_the_tick_that_reaches_its_timeout() -> None:
+    """As spec's Next: the tick that brings a transfer to `timeout` ticks times it out. Seen
+    in flight then, it stays so into the next tick: one tick late is a violation."""
+    assert live_transfer({TransferId(1): 10}, now=13, timeout=4) == []
+    late = live_transfer({TransferId(1): 10, TransferId(2): 12}, now=14, timeout=4)
+    assert [v.message for v in late] == ["transfer 1 still in flight after 4 ticks (timeout 4)"]
