@@ -146,6 +146,14 @@ def bare_machine() -> tuple[type[RuleBasedStateMachine], Tally]:
     return type("Bare", (RuleBasedStateMachine,), {"first": rule()(count), "second": rule()(count)}), tally
 
 
+def hypothesis_alone(what: str, machine: type[RuleBasedStateMachine], tally: Tally, examples: int, how: str) -> Row:
+    """A machine whose bodies only count their calls: the row of its steps per second."""
+    start = time.perf_counter()
+    run_seeds(machine, [0], examples=examples, steps=100)
+    seconds, steps = time.perf_counter() - start, tally.steps
+    return what, f"{steps / seconds:,.0f} steps/s", f"{steps:,} steps in {seconds:.1f} s: {how}"
+
+
 def machines(examples: int) -> list[Row]:
     """Each machine with its audit after every step, then after every 10th; the cache
     machine with its audit and refinement off (what Hypothesis, the engine and its record
@@ -166,20 +174,11 @@ def machines(examples: int) -> list[Row]:
     rows.append(("cache machine, no audit, no refinement", f"{steps / seconds:,.0f} steps/s",
                  f"{steps:,} steps in {seconds:.1f} s, seed 0, {verdict}: what Hypothesis, the engine and the "
                  "machine's record cost"))
-    floor, tally = rules_alone(CacheMachine)
-    start = time.perf_counter()
-    run_seeds(floor, [0], examples=examples, steps=100)
-    seconds, steps = time.perf_counter() - start, tally.steps
-    rows.append(("cache machine's rules alone", f"{steps / seconds:,.0f} steps/s",
-                 f"{steps:,} steps in {seconds:.1f} s: Hypothesis drawing the same rules and arguments for bodies "
-                 "that do nothing (no engine, no preconditions): the ceiling of any machine built on it"))
-    floor, tally = bare_machine()
-    start = time.perf_counter()
-    run_seeds(floor, [0], examples=examples, steps=100)
-    seconds, steps = time.perf_counter() - start, tally.steps
-    rows.append(("two rules without arguments", f"{steps / seconds:,.0f} steps/s",
-                 f"{steps:,} steps in {seconds:.1f} s: what Hypothesis alone costs per step, drawing only which "
-                 "rule comes next"))
+    rows.append(hypothesis_alone("cache machine's rules alone", *rules_alone(CacheMachine), examples,
+                                 "Hypothesis drawing the same rules and arguments for bodies that do nothing (no "
+                                 "engine, no preconditions): the ceiling of any machine built on it"))
+    rows.append(hypothesis_alone("two rules without arguments", *bare_machine(), examples,
+                                 "what Hypothesis alone costs per step, drawing only which rule comes next"))
     adapter = adapter_class("reference")
     for bad in (False, True):
         e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
