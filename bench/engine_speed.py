@@ -19,6 +19,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -146,11 +147,15 @@ def serve(engine: str, requests: int, live: int, blocks: int, seed: int) -> None
     """A worker: one run on a fresh engine per line read, its figures printed as one JSON line."""
     prompts = conversation_turns(random.Random(seed), requests, BLOCK)
     for _ in sys.stdin:
-        print(json.dumps(measure(DRIVERS[engine](blocks), prompts, live)), flush=True)
+        print(RESULT + json.dumps(measure(DRIVERS[engine](blocks), prompts, live)), flush=True)
+
+
+RESULT = "result: "  # what marks a run's figures among whatever else an engine prints
 
 
 class Worker:
-    """One engine's worker process, in the environment that has the engine."""
+    """One engine's worker process, in the environment that has the engine. Its errors go
+    to a file, not a pipe: an engine that logs much would fill a pipe nobody reads and stall."""
 
     def __init__(self, engine: str, a: argparse.Namespace) -> None:
         e = ENGINES[engine]
@@ -158,8 +163,9 @@ class Worker:
         if not python.exists():
             raise RuntimeError(f"not installed ({e.venv or e.requires}: make engines)")
         args = ["--requests", str(a.requests), "--live", str(a.live), "--blocks", str(a.blocks), "--seed", str(a.seed)]
+        self.errors = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen([str(python), __file__, "--worker", engine, *args], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, stderr=self.errors, text=True)
 
     def run(self) -> dict[str, float]:
         """One run, or RuntimeError with the worker's last line of error."""
@@ -170,17 +176,19 @@ class Worker:
             stdin.flush()
         except BrokenPipeError:
             pass  # it has died: the empty read below says why
-        line = stdout.readline()
-        if not line:
-            self.process.kill()
-            error = self.process.communicate()[1]
-            raise RuntimeError("failed: " + (error.strip().splitlines() or ["?"])[-1])
-        result: dict[str, float] = json.loads(line)
-        return result
+        for line in stdout:
+            if line.startswith(RESULT):
+                result: dict[str, float] = json.loads(line.removeprefix(RESULT))
+                return result
+        self.process.kill()  # its output ended: it has died
+        self.process.wait()
+        self.errors.seek(0)
+        raise RuntimeError("failed: " + (self.errors.read().strip().splitlines() or ["?"])[-1])
 
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.communicate()  # end of input: it exits
+        self.errors.close()
 
 
 def total(r: dict[str, float]) -> float:
