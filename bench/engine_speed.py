@@ -202,19 +202,19 @@ def measure_engines(engines: Sequence[str], a: argparse.Namespace) -> dict[str, 
     an engine has no figure."""
     results: dict[str, dict[str, float] | str] = {}
     workers: dict[str, Worker] = {}
-    for engine in engines:
-        try:
-            workers[engine] = Worker(engine, a)
-        except RuntimeError as e:
-            results[engine] = str(e)
     try:
+        for engine in engines:
+            try:
+                workers[engine] = Worker(engine, a)
+            except RuntimeError as e:
+                results[engine] = str(e)
         for _ in range(a.repeat):
             for engine, w in list(workers.items()):
                 try:
                     run = w.run()
                 except RuntimeError as e:
                     results[engine] = str(e)
-                    del workers[engine]
+                    workers.pop(engine).close()
                     continue
                 best = results.get(engine)
                 if not isinstance(best, dict) or total(run) < total(best):

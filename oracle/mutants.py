@@ -327,7 +327,7 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
            frozenset({"INV-REQUEST", "LIVE-EXIT"}), scheduler_class=LeakyAdmit),
     Mutant("no-timeout", 10, "A transfer that never completes is waited for forever",
            "the scheduler's timeout never fires", frozenset({"LIVE-TRANSFER"}), scheduler_class=NoTimeout),
-    Mutant("late-timeout", 10, "A transfer is timed out a tick after its timeout",
+    Mutant("late-timeout", 10, "A transfer that reaches its timeout on a tick is timed out a tick later",
            "the scheduler's expiry compares a transfer's age with > where it means >=", frozenset({"LIVE-TRANSFER"}),
            scheduler_class=LateTimeout),
     Mutant("starving-admit", 13, "Admission that starves: a request that needs every free block waits forever",

@@ -14,7 +14,8 @@ event is a spec action with the choices the engine made; `observe` (optional, on
 event) is what the engine reports of its state after the event, and replaces the
 specification's own value before spec's properties are evaluated. After every event:
 every safety property; after every release or exit: LIVE-EXIT; on a scheduler trace,
-after every event: LIVE-TRANSFER on the trace's own clock.
+before every tick and at its end: LIVE-TRANSFER on the trace's own clock (a tick's
+timeouts follow it as `complete` events of their own, so the check waits for them).
 """
 
 from __future__ import annotations
@@ -298,17 +299,26 @@ def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
         event = system_event(ev, n)
+        late = _late(s, lines[: n - 1]) if isinstance(event, Tick) else None  # time moves on: the last tick's ends are in
+        if late is not None:
+            return late
         try:
             s = scheduler.apply(s, event)
         except PreconditionError as e:
             return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
         after = _system_view(s, observed(s.cache, ev["observe"], n) if "observe" in ev else of_cache(s.cache))
         found = liveness.live_exit(before, after, request_name(event.request)) if isinstance(event, Exit) else []
-        found += by_severity(check(after)) + liveness.live_transfer(s.started, s.now, s.timeout)
+        found += by_severity(check(after))
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
         before = after
-    return TraceReport(len(lines) - 1, [], 0, [])
+    return _late(s, lines) or TraceReport(len(lines) - 1, [], 0, [])
+
+
+def _late(s: System, prefix: Sequence[str]) -> TraceReport | None:
+    """LIVE-TRANSFER on state s, the one the trace's lines `prefix` reach."""
+    found = liveness.live_transfer(s.started, s.now, s.timeout)
+    return TraceReport(len(prefix) - 1, found, len(prefix), list(prefix)) if found else None
 
 
 def _system_view(s: System, cache: View) -> View:

@@ -132,6 +132,15 @@ def test_a_scheduler_trace_checks_its_own_clock() -> None:
     assert report.violations[0].id == "LIVE-TRANSFER" and report.line == 7
 
 
+def test_a_ticks_timeouts_follow_it_and_one_a_tick_late_is_caught() -> None:
+    """The tick that brings a transfer to its timeout is a line of its own, its timeouts the
+    lines after it (spec's step): judged before the next tick, not between them."""
+    tick, timeout = {"op": "tick", "ticks": 2}, {"op": "complete", "transfer": 0, "outcome": "timeout"}
+    assert check_trace(scheduler_trace(last=[tick, timeout])).passed
+    late = check_trace(scheduler_trace(last=[tick, {"op": "tick", "ticks": 1}, timeout]))
+    assert [v.id for v in late.violations] == ["LIVE-TRANSFER"] and late.line == 7
+
+
 def test_a_version_2_scheduler_trace_is_refused_by_name() -> None:
     """Version 2 named a scheduler trace's blocks by spec's earlier hash encoding."""
     with pytest.raises(TraceFormatError, match="line 1: .*version 2 .*record it again"):
