@@ -32,6 +32,7 @@ from workload import conversation_turns  # noqa: E402  (bench/ is on sys.path wh
 from kvoracle.oracle.engines import ENGINES  # noqa: E402
 
 BLOCK = 16
+REPEAT = 5  # runs per engine; the fastest is kept (--repeat)
 PHASES = ("match", "allocate", "free")
 
 
@@ -159,7 +160,8 @@ class Worker:
 
     def __init__(self, engine: str, a: argparse.Namespace) -> None:
         e = ENGINES[engine]
-        python = Path(sys.executable) if importlib.util.find_spec(e.requires) is not None else ROOT / e.venv / "bin" / "python"
+        here = importlib.util.find_spec(e.requires) is not None
+        python = Path(sys.executable) if here else ROOT / e.venv / "bin" / "python"
         if not python.exists():
             raise RuntimeError(f"not installed ({e.venv or e.requires}: make engines)")
         args = ["--requests", str(a.requests), "--live", str(a.live), "--blocks", str(a.blocks), "--seed", str(a.seed)]
@@ -239,9 +241,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--live", type=positive, default=32, help="requests running at once (default 32)")
     p.add_argument("--blocks", type=positive, default=1024, help="usable KV blocks of 16 tokens (default 1024)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=positive, default=5,
+    p.add_argument("--repeat", type=positive, default=REPEAT,
                    help="runs per engine, each on a fresh engine, the engines taking turns; the fastest is reported "
-                        "(default 5)")
+                        f"(default {REPEAT})")
     p.add_argument("--worker", choices=list(DRIVERS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:

@@ -189,7 +189,7 @@ def machines(examples: int) -> list[Row]:
 
 
 def bookkeeping(requests: int) -> list[Row]:
-    a = argparse.Namespace(requests=requests, live=32, blocks=1024, seed=0, repeat=5)
+    a = argparse.Namespace(requests=requests, live=32, blocks=1024, seed=0, repeat=engine_speed.REPEAT)
     results = engine_speed.measure_engines(list(engine_speed.DRIVERS), a)
     base = results["reference"]
     rows = []

@@ -299,7 +299,8 @@ def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
         event = system_event(ev, n)
-        late = _late(s, lines[: n - 1]) if isinstance(event, Tick) else None  # time moves on: the last tick's ends are in
+        # time moves on: whatever the last tick timed out has been answered in the lines since
+        late = _late(s, lines[: n - 1]) if isinstance(event, Tick) else None
         if late is not None:
             return late
         try:

@@ -71,7 +71,7 @@ def block_hashes(tokens: Sequence[int], block_size: int, extra: Sequence[int] = 
             h.update(keys)
             head = h.digest()
             digests.append(number(head, "little"))
-        return cast(tuple[BlockHash, ...], tuple(digests))  # BlockHash is int's NewType: one cast, not one call per block
+        return cast(tuple[BlockHash, ...], tuple(digests))  # a NewType of int: one cast, not a call per block
     out: list[BlockHash] = []
     parent: BlockHash | None = None  # a token outside 64 bits: each block packed on its own
     for start in range(0, full, block_size):
