@@ -11,6 +11,7 @@ import numpy.typing as npt
 if TYPE_CHECKING:  # paddle ships types; importing it costs a second, so only the checker does
     pass
 from kvoracle.kvcache.pool.base import _PoolBase
+from kvoracle.kvcache.pool.cupy_fingerprint import Dp4aFingerprint
 from kvoracle.kvcache.pool.errors import DeviceUnavailable
 from kvoracle.kvcache.pool.fingerprint import _K, _M32
 from kvoracle.kvcache.pool.numpy_pool import NumpyPool
@@ -66,9 +67,10 @@ class _CupyHostPool(NumpyPool):
 
 
 class CupyPool(_PoolBase):
-    """cupy arrays on a CUDA device. Fingerprints use exact float32 GEMMs (cuBLAS)."""
+    """cupy arrays on a CUDA device. Fingerprints use a CUDA kernel (cupy_fingerprint.py)
+    where blocks are a multiple of 4,096 bytes, else exact float32 GEMMs (cuBLAS)."""
 
-    _CHUNK_BYTES = 256 << 20
+    _CHUNK_BYTES = 256 << 20  # the GEMMs' float32 temporaries are twice the chunk
 
     def __init__(
         self, device: str, num_blocks: int, block_size: int, heads: int, head_dim: int,
@@ -90,6 +92,10 @@ class CupyPool(_PoolBase):
             self._bytes8: _CupyArray = raw.view(cp.int8)
             self._w32: _CupyArray = cp.asarray(self._scheme.w32)
             self._u: _CupyArray = cp.asarray(self._scheme.u.reshape(1, -1, 2))
+            self._kernel = Dp4aFingerprint.load(cp, self._scheme, self._index_no)
+        self.fingerprint_path = "dp4a kernel" if self._kernel else "float32 GEMMs"
+        if self._kernel:  # it keeps no temporaries the size of the chunk: fewer, longer launches
+            self._chunk = max(1, (4 << 30) // self.block_bytes)
 
     def _take(self, words: _CupyArray, ids: Ids) -> _CupyArray:
         rows: _CupyArray = self._cp.take(words, self._cp.asarray(ids), axis=0)
@@ -109,6 +115,8 @@ class CupyPool(_PoolBase):
             self._words[cp.asarray(d)] = cp.asarray(rows.view(self._np_word))
 
     def _halves(self, x8: _CupyArray) -> _CupyArray:
+        if self._kernel is not None:
+            return self._kernel(x8)
         cp, sc, n = self._cp, self._scheme, x8.shape[0]
         m = x8.reshape(n * sc.rows, sc.subs, sc.sub)
         p: _CupyArray = cp.zeros((n * sc.rows, _K), dtype=cp.int64)

@@ -10,8 +10,9 @@ same 64 bits):
 Why it is exact on every backend: every step is integer arithmetic that cannot
 overflow. |P| <= 4096 * 128 * 127 < 2**26, so int32 accumulators hold it; U is
 bounded so that |A|, |B| < 2**62 in int64. A backend may compute P any way that
-is exact: torch uses the int8 GEMM (int32 accumulation, one read of the pool);
-numpy, paddle and cupy use float32 GEMMs over sub-rows of 512 bytes, whose every
+is exact: torch uses the int8 GEMM (int32 accumulation, one read of the pool); cupy
+a CUDA kernel with int8 dot products (cupy_fingerprint.py) where L is 4096;
+numpy, paddle and otherwise cupy use float32 GEMMs over sub-rows of 512 bytes, whose every
 partial sum is an integer below 2**24 and so exact in any summation order (also
 with TF32 or bf16 inputs: int8 values and weights need at most 8 significant
 bits). Exact integers do not depend on reduction order or on how a backend
