@@ -30,6 +30,7 @@ class _Tensor(Protocol):
     def __and__(self, other: _Tensor | int) -> _Tensor: ...
     def __or__(self, other: _Tensor) -> _Tensor: ...
     def __rshift__(self, other: int) -> _Tensor: ...
+    def __lshift__(self, other: int) -> _Tensor: ...
     def __mul__(self, other: _Tensor) -> _Tensor: ...
     def __add__(self, other: _Tensor) -> _Tensor: ...
     def reshape(self, *shape: int) -> _Tensor: ...
@@ -77,6 +78,24 @@ def _torch_w8(torch: ModuleType, device: str, w8: npt.NDArray[np.int8], diagonal
         w[i * row:(i + 1) * row, i * _K:(i + 1) * _K] = w8
     t: _Tensor = torch.from_numpy(np.asfortranarray(w).T).to(device)
     return t.t()
+
+
+_HALF = 16  # bits of each part of a split second-stage weight
+
+
+def _split_weights(torch: ModuleType, device: str, u: npt.NDArray[np.int64]) -> _Tensor | None:
+    """The second stage's weights [R*K, 2] as float64 columns (UA mod 2**16, UB mod 2**16,
+    UA >> 16, UB >> 16), or None where a float64 GEMM by them could round.
+
+    |P| < 2**26 and each part is below 2**16, so every product and every partial sum of
+    R*K of them is an integer below 2**53 while R*K <= 2**11 (blocks up to 1 MiB): the
+    GEMM is exact in any order, and A = lo + (hi << 16) is the definition's integer. One
+    small GEMM reads P once, where the int64 products made three temporaries of it."""
+    if len(u) > 1 << 11:
+        return None
+    parts = np.concatenate([u & ((1 << _HALF) - 1), u >> _HALF], axis=1).astype(np.float64)
+    t: _Tensor = torch.from_numpy(parts).to(device)
+    return t
 
 
 _INT_MM_EXACT: dict[tuple[str, int, int], bool] = {}
@@ -127,6 +146,7 @@ class TorchPool(_PoolBase):
         self._w8 = _torch_w8(torch, device, sc.w8, self._diagonal)
         self._w32: _Tensor = torch.from_numpy(sc.w32).to(device)
         self._u: _Tensor = torch.from_numpy(sc.u.reshape(1, -1, 2)).to(device)
+        self._u_split = _split_weights(torch, device, sc.u)
         self._int_mm = _torch_int_mm_exact(torch, device, self._w8, sc.row, self._diagonal)
         self.fingerprint_path = "int8 GEMM (torch._int_mm)" if self._int_mm else "float32 GEMMs"
         self._aliases: dict[str, _Tensor | None] = {}
@@ -155,14 +175,16 @@ class TorchPool(_PoolBase):
         torch, sc, n = self._torch, self._scheme, x8.shape[0]
         d = self._diagonal
         if self._int_mm and n * sc.rows > 16 * d:  # _int_mm wants more than 16 rows
-            p: _Tensor = torch._int_mm(x8.reshape(n * sc.rows // d, d * sc.row), self._w8).reshape(
-                n * sc.rows, _K).to(torch.int64)
+            p: _Tensor = torch._int_mm(x8.reshape(n * sc.rows // d, d * sc.row), self._w8).reshape(n * sc.rows, _K)
         else:  # exact float32 sub-row GEMMs, as numpy does them
             mm = x8.reshape(n * sc.rows, sc.subs, sc.sub)
             p = torch.zeros((n * sc.rows, _K), dtype=torch.int64, device=self.device)
             for q in range(sc.subs):
                 p = p + torch.matmul(mm[:, q, :].to(torch.float32), self._w32[q]).to(torch.int64)
-        return (p.reshape(n, sc.rows * _K, 1) * self._u).sum(1) & _M32
+        if self._u_split is None:
+            return (p.reshape(n, sc.rows * _K, 1) * self._u).sum(1) & _M32
+        s: _Tensor = torch.matmul(p.reshape(n, sc.rows * _K).to(torch.float64), self._u_split).to(torch.int64)
+        return (s[:, :2] + (s[:, 2:] << _HALF)) & _M32
 
     def _host_halves(self, x8: _Tensor) -> Halves:
         h: Halves = self._halves(x8).cpu().numpy().astype(np.int64)
@@ -175,22 +197,33 @@ class TorchPool(_PoolBase):
         return self._host_halves(self._bytes8[start:stop])
 
     def _mismatches(self, fp: U64, present: Mask) -> Ids:
-        """Compared on the device; only the ids that differ come back (one sync)."""
+        """Compared on the device; only the ids that differ come back (one sync). Every
+        chunk's fingerprints are queued first, so that on a GPU the expected ones travel
+        to it (on a stream of their own) while the pool is read."""
         torch = self._torch
-        with warnings.catch_warnings():  # read-only views, read once on their way to the device
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            fpd = torch.from_numpy(fp.view(np.int64)).to(self.device)
-            pres = torch.from_numpy(present).to(self.device)
-        hi, lo = (fpd >> 32) & _M32, fpd & _M32
-        bad: _Tensor = torch.zeros(self.num_blocks, dtype=torch.bool, device=self.device)
+        halves: _Tensor = torch.zeros((self.num_blocks, 2), dtype=torch.int64, device=self.device)
         for a in range(0, self.num_blocks, self._chunk):
             b = min(self.num_blocks, a + self._chunk)
-            if present[a:b].any():
-                h = self._halves(self._bytes8[a:b])
-                differ = torch.ne(h[:, 0], hi[a:b]) | torch.ne(h[:, 1], lo[a:b])
-                bad[a:b] = differ & pres[a:b]
-        ids: Ids = torch.nonzero(bad).flatten().cpu().numpy().astype(np.int64)
+            if present[a:b].any():  # a chunk with nothing expected is not read (its rows stay 0, unused)
+                halves[a:b] = self._halves(self._bytes8[a:b])
+        fpd, pres = self._upload(fp.view(np.int64), present)
+        differ = torch.ne(halves[:, 0], (fpd >> 32) & _M32) | torch.ne(halves[:, 1], fpd & _M32)
+        ids: Ids = torch.nonzero(differ & pres).flatten().cpu().numpy().astype(np.int64)
         return ids
+
+    def _upload(self, *arrays: npt.NDArray[np.generic]) -> list[_Tensor]:
+        """Host arrays (read-only views: read once, on their way) on the pool's device; on
+        a GPU through a side stream that the current one then waits for."""
+        torch = self._torch
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            if self.device == "cpu":
+                return [torch.from_numpy(x) for x in arrays]
+            side = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(side):
+                out = [torch.from_numpy(x).to(self.device, non_blocking=True) for x in arrays]
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return out
 
     def cuda_alias(self, device: str) -> _Tensor | None:
         """This pinned CPU pool's words as a tensor on `device` (no copy), or None."""
