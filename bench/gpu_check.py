@@ -192,13 +192,25 @@ def run_tests(backend: str) -> bool:
     return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode == 0
 
 
-def line(what: str, gbps: float, ref_name: str = "", ref_gbps: float = 0.0, target: float = 0.0) -> None:
-    ratio = f"{100 * gbps / ref_gbps:5.1f}% of {ref_name} ({ref_gbps:,.1f} GB/s)" if ref_gbps else ""
-    goal = f"; target {target:,.0f}: {'met' if gbps >= target else 'short'}" if target else ""
-    print(f"  {what:<48} {gbps:>9,.2f} GB/s   {ratio}{goal}", flush=True)
+Row = tuple[str, str, str]  # what, figure, how: a row of bench/summary.py's table
 
 
-def swap_figures(backend: str, h2d: float, d2h: float) -> None:
+class Lines:
+    """Prints each figure as it is measured, beside its reference, and keeps it as a row."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.rows: list[Row] = []
+
+    def __call__(self, what: str, gbps: float, ref_name: str = "", ref_gbps: float = 0.0,
+                 target: float = 0.0) -> None:
+        ratio = f"{100 * gbps / ref_gbps:5.1f}% of {ref_name} ({ref_gbps:,.1f} GB/s)" if ref_gbps else ""
+        goal = f"; target {target:,.0f}: {'met' if gbps >= target else 'short'}" if target else ""
+        print(f"  {what:<48} {gbps:>9,.2f} GB/s   {ratio}{goal}", flush=True)
+        self.rows.append((f"GPU, {self.backend}: {' '.join(what.split())}", f"{gbps:,.1f} GB/s", f"{ratio.strip()}{goal}"))
+
+
+def swap_figures(line: Lines, backend: str, h2d: float, d2h: float) -> None:
     gpu = make_pool(backend, DEVICE, SWAP_GPU_BLOCKS, *GEOMETRY)
     cpu = make_pool(backend, "cpu", SWAP_CPU_BLOCKS, *GEOMETRY)
     gpu.fill(list(range(SWAP_CPU_BLOCKS)), list(range(SWAP_CPU_BLOCKS)))  # real content, not zeros
@@ -243,7 +255,7 @@ def audit_pool(backend: str, want_bytes: float, free: int) -> tuple[BlockPool, F
     return pool, table, n
 
 
-def audit_figures(device: Device, backend: str, audit_gb: float, hbm: float) -> None:
+def audit_figures(line: Lines, device: Device, backend: str, audit_gb: float, hbm: float) -> None:
     pool, table, n = audit_pool(backend, audit_gb * 1e9, device.free_bytes())
     if isinstance(pool, (TorchPool, CupyPool)):
         print(f"  fingerprint kernel: {pool.fingerprint_path}", flush=True)
@@ -266,25 +278,27 @@ def audit_figures(device: Device, backend: str, audit_gb: float, hbm: float) -> 
          "HBM reduction", hbm)
 
 
-def figures(backend: str, device: Device, audit_gb: float, hbm_so_far: float) -> float:
+def figures(backend: str, device: Device, audit_gb: float, hbm_so_far: float) -> tuple[float, list[Row]]:
     """Prints the backend's figures; returns the fastest HBM reduction measured so far
-    (the reference every audit is judged against: a backend's own reduction may be slower)."""
+    (the reference every audit is judged against: a backend's own reduction may be slower)
+    and the figures as rows."""
+    line = Lines(backend)
     print(f"\n{device.name}", flush=True)
     h2d_s, d2h_s = device.copy_refs(GIB)
     h2d, d2h = GIB / h2d_s / 1e9, GIB / d2h_s / 1e9
     line("reference: pinned host->device copy, 1 GiB", h2d)
     line("reference: pinned device->host copy, 1 GiB", d2h)
     device.release()
-    swap_figures(backend, h2d, d2h)
+    swap_figures(line, backend, h2d, d2h)
     device.release()
     reduce_bytes = min(8 * GIB, device.free_bytes() // 4)
     own = reduce_bytes / device.reduction(reduce_bytes) / 1e9
     line(f"reference: float32 reduction, {reduce_bytes / GIB:.1f} GiB (HBM)", own)
     hbm = max(own, hbm_so_far)
     device.release()
-    audit_figures(device, backend, audit_gb, hbm)
+    audit_figures(line, device, backend, audit_gb, hbm)
     device.release()
-    return hbm
+    return hbm, line.rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [] if args.skip_tests else [b for b, _ in found if not run_tests(b)]
     hbm = 0.0
     for backend, device in found:
-        hbm = figures(backend, device, args.audit_gb, hbm)
+        hbm, _ = figures(backend, device, args.audit_gb, hbm)
     if failed:
         print(f"\nbackend tests FAILED on: {', '.join(failed)}")
     return 1 if failed else 0

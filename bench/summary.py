@@ -3,12 +3,13 @@ second, bytes per stored state, the peak memory of its largest process; one sear
 one process, then split across processes and across a local Ray cluster; interpreted, and
 compiled by mypyc where a C compiler is found), each stateful machine with its audit after every step and
 after every 10th (steps per second), Hypothesis alone on the cache machine's rules and on two bare rules, the reference's bookkeeping per request next to
-each installed engine's, and the speed-up of a campaign on two worker processes. A
+each installed engine's, the speed-up of a campaign on two worker processes, and
+bench/gpu_check.py's swap and audit figures where torch or cupy finds a CUDA device. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
 side in one run.
 
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
-                            [--parts model-checker machines bookkeeping workers]
+                            [--parts model-checker machines bookkeeping workers gpu]
 
 `make bench` runs it (7 to 31 minutes on 2 cores here, with the machine's speed that day). The re-admission and deep scopes take minutes (the deep one about
 ten on 2 cores); a scope cut short by --max-states says so in its row.
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
+import gpu_check  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
 
 from kvoracle.oracle import audit, isolation  # noqa: E402
@@ -228,7 +230,23 @@ def workers(examples: int) -> list[Row]:
             for where, s in seconds.items()]
 
 
-PARTS = ["model-checker", "machines", "bookkeeping", "workers"]
+def gpu() -> list[Row]:
+    """bench/gpu_check.py's figures (swaps, the whole-pool audit, their hardware references)
+    for torch and cupy, where either finds a CUDA device; its lines go to stderr."""
+    found = [(b, d) for b in ("torch", "cupy") for d in [gpu_check.find_device(b)[0]] if d is not None]
+    if not found:
+        return [("GPU block pool", "-", "no CUDA device here: run bench/gpu_check.py on a GPU machine "
+                 "(docs/gpu.md has an H200's figures)")]
+    rows: list[Row] = []
+    hbm = 0.0
+    with contextlib.redirect_stdout(sys.stderr):
+        for backend, device in found:
+            hbm, more = gpu_check.figures(backend, device, 40.0, hbm)
+            rows += more
+    return rows
+
+
+PARTS = ["model-checker", "machines", "bookkeeping", "workers", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -250,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "machines": lambda: machines(examples),
         "bookkeeping": lambda: bookkeeping(500 if a.quick else 2000),
         "workers": lambda: workers(examples),
+        "gpu": gpu,
     }
     rows: list[Row] = []
     for part, run in parts.items():
