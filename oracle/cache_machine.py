@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -26,21 +25,10 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
-from kvoracle.oracle.tiered import Blocks, TieredAdapter
+from kvoracle.oracle.tiered import Blocks, Call, TieredAdapter, action_of
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
 from kvoracle.spec import liveness
-from kvoracle.spec.actions import (
-    Allocate,
-    CacheEvent,
-    Commit,
-    Complete,
-    Evict,
-    Match,
-    PreconditionError,
-    Release,
-    Reset,
-    apply_cache,
-)
+from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.refinement import refines, reports_ready
@@ -48,7 +36,6 @@ from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import Error, Ok, Outcome, Partial, RequestId, Timeout
 from kvoracle.spec.view import View, of_cache, request_name
 
-R = TypeVar("R")
 # Prompts that share prefixes, so that matches, collisions and partial blocks all happen
 # (with blocks of 2 tokens; `prompt` widens them for larger blocks).
 PROMPTS: tuple[tuple[int, ...], ...] = (
@@ -106,17 +93,17 @@ class CacheMachine(RuleBasedStateMachine):
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.asked = 0  # blocks the latest GPU eviction asked for
         self.audit = Audit()
+        self.refining: tuple[Call, CacheState] | None = None  # the call being refined, and the record before it
 
     # --- the checking core -----------------------------------------------------------
 
-    def _step(self, name: str, impl: Callable[[], R], event: Callable[[R], CacheEvent],
-              exiting: RequestId | None = None) -> R:
+    def _step(self, name: str, call: Call, exiting: RequestId | None = None) -> object:
         """Run one engine call; check LIVE-EXIT on the request it ends (if any), every
         safety property (when the audit is due: oracle.audit), then refinement."""
         self.mark = call_starts(self.engine)
         before = self.view() if exiting is not None else None
         try:
-            result = impl()
+            result = call.run(self.engine)
         except PropertyViolated:
             raise
         except ESCAPES as e:
@@ -127,7 +114,9 @@ class CacheMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, found)
         got = self._check(name) if self.audit.due() else None
         if self.model is not None:
-            self._refine(name, event(result), got)
+            self.refining = (call, self.model)  # what a reproduction of a REFINEMENT here makes again
+            self._refine(name, action_of(call, result), got)
+            self.refining = None
         return result
 
     def _exit(self, before: View | None, r: RequestId | None) -> list[Violation]:
@@ -144,10 +133,10 @@ class CacheMachine(RuleBasedStateMachine):
     def _refine(self, name: str, event: CacheEvent, got: CacheState | None) -> None:
         """`got`: the engine's abstraction after the call, when the audit already took it."""
         assert self.model is not None
-        try:
-            self.model = apply_cache(self.model, event)
-        except PreconditionError as e:
-            raise PropertyViolated(name, [Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")])
+        after = next_record(self.model, name, event)
+        if isinstance(after, Violation):
+            raise PropertyViolated(name, [after])
+        self.model = after
         got = self.engine.abstract() if got is None else got
         found = [] if got is None else refines(self.model, got)
         if found:
@@ -230,8 +219,7 @@ class CacheMachine(RuleBasedStateMachine):
             return  # no room: admission waits
         self.live[r] = Live(tokens, blocks)  # before the call: the check after it expects the request
         limit = min(budget, need) if budget and getattr(e, "match_limits", True) else need
-        self._step("match", lambda: e.match(r, asked, limit=limit),
-                   lambda got: Match(r, asked.hashes, got.swap_dests, got.prefetch_dests, limit))
+        self._step("match", Call("match", (r, asked), limit))
         self.live[r].placed = len(e.table(r))
         rest = blocks - self.live[r].placed
         self._allocate(r, rest if chunk == 0 else min(chunk, rest))
@@ -250,7 +238,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.complete(i, Ok())
 
     def _allocate(self, r: RequestId, n: int) -> None:
-        self._step("allocate", lambda: self.engine.allocate(r, n), lambda got: Allocate(r, got))
+        self._step("allocate", Call("allocate", (r, n)))
         self.live[r].placed += n
 
     @precondition(lambda m: any(held.placed < held.blocks for held in m.live.values()))
@@ -278,7 +266,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._make_room(1)
         if not self.engine.free_gpu():
             return
-        self._step("grow", lambda: self.engine.allocate(r, 1), lambda got: Allocate(r, got))
+        self._step("grow", Call("allocate", (r, 1)))
         held, size = self.live[r], self.engine.block_size
         held.tokens = held.tokens[: held.blocks * size] + [token] * (size * (held.blocks + 1) - len(held.tokens))
         held.blocks += 1
@@ -296,7 +284,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.bad_input(BadInput.COMMIT_FILLING)
             return
         full = self._full(r)
-        self._step("commit", lambda: self.engine.commit(r, full), lambda _: Commit(r, full.hashes))
+        self._step("commit", Call("commit", (r, full)))
 
     @precondition(lambda m: bool(m.live))
     @rule(i=st.integers(0, 7), write=st.booleans())
@@ -308,13 +296,13 @@ class CacheMachine(RuleBasedStateMachine):
         written = self._full(r) if write else Blocks((), ())
         del self.live[r]  # before the call: the check after it expects the request gone
         self.gone.append(r)
-        self._step("release", lambda: self.engine.release(r, written), lambda writes: Release(r, writes), exiting=r)
+        self._step("release", Call("release", (r, written)), exiting=r)
 
     @rule(need=st.integers(1, 4), tier=st.sampled_from(["gpu", "gpu", "cpu"]), then=settle)
     def evict(self, need: int, tier: str, then: Outcome | None) -> None:
         """Evict; with `then`, the swap-out it starts completes at once with that outcome."""
         if tier == "cpu":
-            self._step("evict_cpu", lambda: self.engine.evict_cpu(need), lambda steps: Evict(tuple(steps)))
+            self._step("evict_cpu", Call("evict_cpu", (need,)))
             return
         self._evict(need)
         self._settle(then)
@@ -329,8 +317,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.asked = need
         before = self.model if self.model is not None else self.engine.abstract()
         evictable = len(self.engine.observe().evictable or ())
-        steps = self._step("evict_gpu", lambda: self.engine.evict_gpu(need), lambda got: Evict(tuple(got)))
-        found = liveness.live_evict(before, evictable, need, steps)
+        steps = self._step("evict_gpu", Call("evict_gpu", (need,)))
+        found = liveness.live_evict(before, evictable, need, tuple(steps) if isinstance(steps, (tuple, list)) else ())
         if found:
             raise PropertyViolated("evict_gpu", found)
 
@@ -352,12 +340,12 @@ class CacheMachine(RuleBasedStateMachine):
         key = type(outcome).__name__.lower()
         t.outcomes[key] = t.outcomes.get(key, 0) + 1
         tid = job.transfer
-        self._step("complete", lambda: self.engine.complete(tid, outcome), lambda _: Complete(tid, outcome))
+        self._step("complete", Call("complete", (tid, outcome)))
 
     @precondition(lambda m: not m.live and m.engine.cached())
     @rule()
     def reset(self) -> None:
-        self._step("reset", self.engine.reset, lambda _: Reset())
+        self._step("reset", Call("reset"))
 
     @rule(kind=st.sampled_from(CACHE_LEVEL))
     def bad_input(self, kind: BadInput) -> None:
@@ -390,6 +378,14 @@ class CacheMachine(RuleBasedStateMachine):
             watchdog.pause()
 
 
+def next_record(model: CacheState, name: str, event: CacheEvent) -> CacheState | Violation:
+    """spec's state after the engine's step `name`, or REFINEMENT where spec refuses it."""
+    try:
+        return apply_cache(model, event)
+    except PreconditionError as e:
+        return Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")
+
+
 def drain(m: CacheMachine, bound: int) -> int:
     """The drain LIVE-DRAIN judges: release everything, complete every transfer, evict everything, in
     rounds; every block must be free within `bound` rounds. Returns the rounds used."""
@@ -398,9 +394,8 @@ def drain(m: CacheMachine, bound: int) -> int:
         m.release(0, write=False)
     for rounds in range(bound):
         for job in e.in_flight():
-            t = job.transfer
-            m._step("drain:complete", lambda: e.complete(t, Ok()), lambda _: Complete(t, Ok()))
-        m._step("drain:evict_cpu", lambda: e.evict_cpu(e.cpu_blocks), lambda got: Evict(tuple(got)))
+            m._step("drain:complete", Call("complete", (job.transfer, Ok())))
+        m._step("drain:evict_cpu", Call("evict_cpu", (e.cpu_blocks,)))
         m._evict(e.gpu_blocks)
         if not liveness.drained(m.view(), len(e.in_flight())):
             return rounds

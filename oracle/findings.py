@@ -24,20 +24,22 @@ from typing import Any
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine
+from kvoracle.oracle.cache_machine import next_record as cache_record
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
+from kvoracle.oracle.scheduler_machine import next_record as scheduler_record
 from kvoracle.oracle.survival import ended_script
-from kvoracle.oracle.tiered import Blocks
+from kvoracle.oracle.tiered import Blocks, Call, action_of
 from kvoracle.oracle.violations import PropertyViolated, refusal
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.refinement import refines, reports_ready
-from kvoracle.spec.state import System
+from kvoracle.spec.state import CacheState, System
 from kvoracle.spec.types import Ok, RequestId
 from kvoracle.spec.view import View, of_cache, of_system, request_name
 
@@ -70,20 +72,42 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     body = ["# the engine calls of the shrunk program", *calls[:cut]]
     if pid in TRANSITIONS:
         body.append(f"_before = view_now({source!r}, globals(), live={live!r})")
+    refining = _refining(state, pid)
+    made = refining[0] if refining is not None and isinstance(refining[0], Call) else None  # cache level
+    if refining is not None and made is None:  # scheduler level: the machine took the actions reported so far
+        body.append(f"attached({source!r}, globals()).events()  # the spec actions the calls above reported")
     body.append("with Last() as _last:  # the call after which the check fired (what it raises is judged)")
     last = [_SUPPRESSED.sub("", line) if pid == "BAD-INPUT" else line for line in calls[cut:]]  # its refusal counts
+    if made is not None:  # made through the adapter: its result names the step
+        last = [f"_last.result = {made.source(f'attached({source!r}, globals())')}",
+                *(f"# which runs: {line}" for line in "\n".join(last).splitlines())]
     body += [textwrap.indent(line, "    ") for line in last] or ["    pass"]
     # what a bad call raises is its refusal, judged by BAD-INPUT alone; what a valid call raises is a finding
     raised = "_last.error" if pid == "BAD-INPUT" or not _bad_call(violation.step) else "None"
     call = f"{pid!r}, {source!r}, globals(), live={live!r}, raised={raised}"
     if pid in TRANSITIONS:
         call += f", before=_before, requests={sorted(set(_REQUEST.findall(str(violation))))!r}"
+    if made is not None:
+        call += ", result=_last.result"
     check = ["# kvoracle's check that fired, on the state the calls above left (generated)",
              f"fails_with({call}{', ' + record if record else ''})"]
     extras = getattr(adapter, "assertions", "").rstrip()
-    return "\n".join([*header, "", preamble, "", "from kvoracle.oracle.findings import Last, fails_with, view_now", "",
+    outcomes = "from kvoracle.spec.types import Error, Ok, Partial, Timeout"  # a Call's arguments may name them
+    imports = ["from kvoracle.oracle.findings import Last, attached, fails_with, view_now"]
+    if made is not None:
+        imports += ["from kvoracle.oracle.tiered import Blocks, Call", *([outcomes] if outcomes not in preamble else [])]
+    return "\n".join([*header, "", preamble, "", *imports, "",
                       *body, "", *check, "",
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
+
+
+def _refining(state: RuleBasedStateMachine, pid: str) -> tuple[Call, CacheState] | tuple[System, int] | None:
+    """For a REFINEMENT found on the last call: the machine's record before it, with the
+    call (cache level: a reproduction makes it again through the adapter, and applies the
+    spec action its result names) or the ticks it let pass (scheduler level: the engine
+    reports its actions itself). None for a REFINEMENT found between calls."""
+    refining = getattr(state, "refining", None)
+    return refining if pid == "REFINEMENT" and isinstance(refining, tuple) else None
 
 
 def _build_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
@@ -164,6 +188,10 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
     steps in a row before it that stalled (LIVE-ADMIT), the refusal the bad call needed
     (BAD-INPUT)."""
     pid, model = violation.first_id, getattr(state, "model", None)
+    refining = _refining(state, pid)
+    if refining is not None:  # from the record before the last call (its step is judged again)
+        before, made = (refining[1], refining[0]) if isinstance(refining[0], Call) else refining
+        return {"spec": repr(before), "step": violation.step, ("call" if isinstance(made, Call) else "ticks"): made}
     if pid == "REFINEMENT" and model is not None:
         return {"spec": repr(model)}
     if pid == "LIVE-TRANSFER":
@@ -276,6 +304,7 @@ class Last:
     (an exception escaping a valid call is itself a finding), not thrown."""
 
     error: Exception | None = None
+    result: object = None  # what the call returned, where the check needs it (set by the file)
 
     def __enter__(self) -> Last:
         return self
@@ -332,7 +361,10 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
         started = {t: at for t, at in ev.record["started"].items() if t in still}
         return liveness.live_transfer(started, ev.record["now"], ev.record["timeout"])
     if pid == "REFINEMENT" and "spec" in ev.record:
-        return _refines(ev.adapter(), ev.record["spec"])
+        if ev.raised is not None:
+            return []  # the call raised: that is the finding (fails_with raises it)
+        r = ev.record
+        return _refines(ev.adapter(), r["spec"], r.get("step", ""), r.get("call"), r.get("result"), r.get("ticks"))
     if ev.before is None or pid not in TRANSITIONS:
         raise ValueError(f"no generated check for {pid}: the reproduction shows the calls only")
     after = ev.view()
@@ -362,12 +394,23 @@ def _safety(adapter: Any, observed: View) -> list[Violation]:
     return found
 
 
-def _refines(adapter: Any, spec: str) -> list[Violation]:
+def _refines(adapter: Any, spec: str, step: str = "", call: Call | None = None, result: object = None,
+             ticks: int | None = None) -> list[Violation]:
     """REFINEMENT: the engine's abstraction is the state the specification reached, and at
-    the cache level what it says of each request's fill is spec's `ready` there."""
+    the cache level what it says of each request's fill is spec's `ready` there. With the
+    last call (cache level) or its ticks (scheduler level), `spec` is the record before
+    that call, and the step the engine took is applied to it first, as the machine did."""
     want = eval(spec, {**vars(spec_state), **vars(spec_types)})  # the checker's record, as kvoracle printed it
     if isinstance(want, System):
+        if ticks is not None:
+            want = scheduler_record(want, step, ticks, adapter.events() or ())
+            if isinstance(want, Violation):
+                return [want]
         return refines(want, adapter.state())
+    if call is not None:
+        want = cache_record(want, step, action_of(call, result))
+        if isinstance(want, Violation):
+            return [want]
     found = refines(want, adapter.abstract())
     if hasattr(adapter, "ready"):  # the tiered cache level: what it says of each request's fill too
         in_flight = len(adapter.in_flight())

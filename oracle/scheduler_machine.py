@@ -31,6 +31,7 @@ from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
+from kvoracle.spec.scheduler import Event
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.refinement import refines
 from kvoracle.spec.state import EXITED, Status, System, blocks_for
@@ -133,6 +134,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.stalls: list[str] = []  # why each of the latest scheduling steps in a row stalled (LIVE-ADMIT)
         self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
         self.audit = Audit()
+        self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
 
     # --- checking -----------------------------------------------------------------------
 
@@ -193,14 +195,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             live = set(self.engine.transfers())
             self.seen = {t: self.seen.get(t, self.clock) for t in live}
             return liveness.live_transfer(self.seen, self.clock, timeout)
-        model = scheduler.tick(self.model, ticks)
-        try:
-            for event in self.engine.events() or ():
-                model = scheduler.apply(model, event)
-                if isinstance(event, Complete):
-                    self._ended(describe(event.outcome).split("(")[0])
-        except PreconditionError as err:
-            return [Violation("REFINEMENT", f"{name}: the engine's {err.action} is no step of spec/: {err.reason}")]
+        self.refining = (self.model, ticks)  # what a reproduction of a REFINEMENT here replays
+        events = list(self.engine.events() or ())
+        model = next_record(self.model, name, ticks, events)
+        if isinstance(model, Violation):
+            return [model]
+        for event in events:
+            if isinstance(event, Complete):
+                self._ended(describe(event.outcome).split("(")[0])
         self.model = model
         found = liveness.live_transfer(model.started, model.now, timeout)
         if got is not None:
@@ -340,6 +342,18 @@ class DiskMachine(SchedulerMachine):
     @rule(how=st.sampled_from(DAMAGE), i=st.integers(0, 7))
     def damage(self, how: str, i: int) -> None:
         self._call("damage", lambda: getattr(self.engine, "damage_storage")(how, i))
+
+
+def next_record(model: System, name: str, ticks: int, events: Sequence[Event]) -> System | Violation:
+    """spec's state after `ticks` ticks and the actions the engine reported for its call
+    `name`, or REFINEMENT where spec refuses one of them."""
+    after = scheduler.tick(model, ticks)
+    try:
+        for event in events:
+            after = scheduler.apply(after, event)
+    except PreconditionError as err:
+        return Violation("REFINEMENT", f"{name}: the engine's {err.action} is no step of spec/: {err.reason}")
+    return after
 
 
 def scheduler_level_machine(adapter: object) -> type[SchedulerMachine]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvoracle.oracle.engine import BadInput, Observation
-from kvoracle.spec.actions import EvictStep
+from kvoracle.spec.actions import Allocate, CacheEvent, Commit, Complete, Evict, EvictStep, Match, Release, Reset
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
@@ -117,3 +117,51 @@ class TieredAdapter(Protocol):
     def invariants(self) -> list[Violation]:
         """The engine's own structural checks (links, heaps, kept counters)."""
         ...
+
+
+@dataclass(frozen=True)
+class Call:
+    """One operation of the Protocol with its arguments: the machine makes it, and a
+    reproduction writes it out (`source`) and makes it again on the engine as it is."""
+
+    method: str  # a name of the operations above
+    args: tuple[object, ...] = ()
+    limit: int | None = None  # match's keyword
+
+    def run(self, adapter: TieredAdapter) -> object:
+        operation = getattr(adapter, self.method)
+        return operation(*self.args) if self.limit is None else operation(*self.args, limit=self.limit)
+
+    def source(self, adapter: str) -> str:
+        """The call as Python text on the adapter named `adapter` (the arguments' reprs are
+        their constructors: Blocks, Ok(), ...)."""
+        args = [repr(a) for a in self.args] + ([] if self.limit is None else [f"limit={self.limit!r}"])
+        return f"{adapter}.{self.method}({', '.join(args)})"
+
+
+def action_of(call: Call, result: object) -> CacheEvent:
+    """The spec action an operation names, with the choices its result reports: the one
+    definition the machine's record and a reproduction's check both apply."""
+    m, a = call.method, call.args
+    listed = tuple(result) if isinstance(result, (tuple, list)) else None
+    if m == "match" and isinstance(result, Matched) and isinstance(a[1], Blocks):
+        return Match(RequestId(_int(a[0])), a[1].hashes, result.swap_dests, result.prefetch_dests, call.limit)
+    if m == "allocate" and listed is not None:
+        return Allocate(RequestId(_int(a[0])), listed)
+    if m == "commit" and isinstance(a[1], Blocks):
+        return Commit(RequestId(_int(a[0])), a[1].hashes)
+    if m == "release" and listed is not None:
+        return Release(RequestId(_int(a[0])), listed)
+    if m in ("evict_gpu", "evict_cpu") and listed is not None:
+        return Evict(listed)
+    if m == "complete" and isinstance(a[1], Outcome):
+        return Complete(TransferId(_int(a[0])), a[1])
+    if m == "reset":
+        return Reset()
+    raise TypeError(f"no spec action for {call.method}{call.args!r} returning {result!r}")
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"{value!r} is no id")
+    return value

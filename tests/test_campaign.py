@@ -4,16 +4,19 @@ violations into "known" and the campaign goes on to find the new ones."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from kvoracle.oracle.cache_machine import Tally
-from kvoracle.oracle.campaign import run_machine
+from kvoracle.oracle.campaign import replay, run_machine
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
-from kvoracle.oracle.findings import run_reproduction
+from kvoracle.oracle.engines import file_module
+from kvoracle.oracle.findings import confirms, reproduction, run_reproduction
+from kvoracle.oracle.mutants import Mutant
 from kvoracle.oracle.targets import Target
 from kvoracle.spec.types import Outcome, TransferId
 
@@ -171,3 +174,81 @@ def test_a_reproduction_failure_is_read_through_an_engines_rank_prefix(tmp_path:
                       "sys.stderr.write('[rank0]:   INV-CONSERVE: CPU block 5 is owned by the free list, the free list\\n')\n"
                       "sys.exit(1)\n")
     assert run_reproduction(script) == "AssertionError: INV-CONSERVE: CPU blocks [5] are on the free list twice"
+
+
+# Two planted bugs a machine reports as REFINEMENT on the call that made them; each class
+# is loaded from its own file, so that a reproduction's preamble loads it from there too.
+PLANTED = '''
+from kvoracle.kvcache.manager import CacheManager
+from kvoracle.scheduler.resource_manager import ResourceManager
+
+
+class OverdrawnMatch(CacheManager):
+    """The eighth blind run's: match's limit bounds the swap-in and the prefetch each,
+    not the two together, so the two take more GPU blocks than the caller allowed (a
+    step spec refuses)."""
+
+    def match(self, r, hashes, *, limit=None):
+        if limit is None:
+            return super().match(r, hashes)
+        path = self._walk_gpu(hashes)
+        swapped = self._cpu_run(path[-1] if path else self.tree.root, hashes[len(path):], limit)
+        return super().match(r, hashes, limit=limit + len(swapped))
+
+
+class MisreportedToken(ResourceManager):
+    """Reports each decoded token as the other one of the alphabet: the engine's state
+    is sound, and only the record of what it did differs."""
+
+    def _decode(self, r):
+        super()._decode(r)
+        if self.events and type(self.events[-1]).__name__ == "Decode":
+            last = self.events[-1]
+            self.events[-1] = type(last)(last.request, 3 - last.token, last.blocks)
+'''
+
+# A CPU hit, then a stored block, matched with a budget of one block (found by the
+# campaign with OverdrawnMatch as a mutant, shrunk to these).
+OVERDRAWN = ["state.admit(budget=0, chunk=0, cold=0, p=2, prefill=False, then=None)", "state.commit(i=0)",
+             "state.release(i=0, write=False)", "state.admit(budget=0, chunk=0, cold=2, p=3, prefill=False, then=None)",
+             "state.evict(need=1, then=Ok(), tier='gpu')",
+             "state.admit(budget=1, chunk=0, cold=0, p=2, prefill=False, then=None)"]
+
+
+def test_a_match_over_its_callers_limit_is_no_step_of_spec(tmp_path: Path) -> None:
+    (tmp_path / "planted.py").write_text(PLANTED)
+    planted = Mutant("overdrawn-match", 3, "", "", frozenset({"REFINEMENT"}),
+                     file_module(tmp_path / "planted.py").OverdrawnMatch)
+    machine = Target(planted.name, "cache", planted).machine()
+    found = replay(machine, OVERDRAWN)
+    assert found is not None and found.first_id == "REFINEMENT"
+    assert "2 GPU blocks swapped in and prefetched for a limit of 1" in str(found)
+    assert replay(Target("reference", "cache", None).machine(), OVERDRAWN) is None
+    assert_refinement_reproduces(tmp_path, reproduction(machine, OVERDRAWN, found), "OverdrawnMatch",
+                                 "from kvoracle.kvcache.manager import CacheManager as Cache")
+
+
+def test_a_misreported_step_reproduces_against_the_record_before_it(tmp_path: Path) -> None:
+    (tmp_path / "planted.py").write_text(PLANTED)
+    planted = Mutant("misreported-token", 6, "", "", frozenset({"REFINEMENT"}),
+                     scheduler_class=file_module(tmp_path / "planted.py").MisreportedToken)
+    machine = Target(planted.name, "scheduler", planted).machine()
+    result = run_machine(machine, seed_value=0, examples=50, steps=30)
+    assert result.first_id == "REFINEMENT" and result.violation is not None, result.violation
+    text = reproduction(machine, result.counterexample, result.violation)
+    assert_refinement_reproduces(tmp_path, text, "MisreportedToken",
+                                 "from kvoracle.scheduler.resource_manager import ResourceManager as Scheduler")
+
+
+def assert_refinement_reproduces(tmp_path: Path, text: str, planted: str, reference: str) -> None:
+    """The reproduction fails with REFINEMENT on the planted engine and passes once its
+    preamble builds the reference instead (the fix): the check judges the last call's
+    step again, from the record before it, on whatever engine runs."""
+    (tmp_path / "buggy.py").write_text(text)
+    assert confirms(run_reproduction(tmp_path / "buggy.py"), "REFINEMENT"), text
+    line = re.compile(rf"^from kvoracle\.oracle\.engines import file_module\n(\w+) = file_module\(.*\)\.{planted}$",
+                      re.M)
+    fixed = line.sub(reference, text)
+    assert fixed != text, "the reproduction does not load the planted class"
+    (tmp_path / "fixed.py").write_text(fixed)
+    assert run_reproduction(tmp_path / "fixed.py") == "", fixed
