@@ -318,7 +318,8 @@ class CacheMachine(RuleBasedStateMachine):
         before = self.model if self.model is not None else self.engine.abstract()
         evictable = len(self.engine.observe().evictable or ())
         steps = self._step("evict_gpu", Call("evict_gpu", (need,)))
-        found = liveness.live_evict(before, evictable, need, tuple(steps) if isinstance(steps, (tuple, list)) else ())
+        reported = tuple(steps) if isinstance(steps, (tuple, list)) else None  # None: the engine does not say
+        found = liveness.live_evict(before, evictable, need, reported)
         if found:
             raise PropertyViolated("evict_gpu", found)
 
