@@ -93,7 +93,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.asked = 0  # blocks the latest GPU eviction asked for
         self.audit = Audit()
-        self.refining: tuple[Call, CacheState] | None = None  # the call being refined, and the record before it
+        self.refining: tuple[CacheState, Call] | None = None  # the record before the call being refined, and the call
 
     # --- the checking core -----------------------------------------------------------
 
@@ -114,7 +114,7 @@ class CacheMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, found)
         got = self._check(name) if self.audit.due() else None
         if self.model is not None:
-            self.refining = (call, self.model)  # what a reproduction of a REFINEMENT here makes again
+            self.refining = (self.model, call)  # what a reproduction of a REFINEMENT here makes again
             self._refine(name, action_of(call, result), got)
             self.refining = None
         return result

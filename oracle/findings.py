@@ -73,7 +73,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     if pid in TRANSITIONS:
         body.append(f"_before = view_now({source!r}, globals(), live={live!r})")
     refining = _refining(state, pid)
-    made = refining[0] if refining is not None and isinstance(refining[0], Call) else None  # cache level
+    made = refining[1] if refining is not None and isinstance(refining[1], Call) else None  # cache level
     if refining is not None and made is None:  # scheduler level: the machine took the actions reported so far
         body.append(f"attached({source!r}, globals()).events()  # the spec actions the calls above reported")
     body.append("with Last() as _last:  # the call after which the check fired (what it raises is judged)")
@@ -101,8 +101,8 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
 
 
-def _refining(state: RuleBasedStateMachine, pid: str) -> tuple[Call, CacheState] | tuple[System, int] | None:
-    """For a REFINEMENT found on the last call: the machine's record before it, with the
+def _refining(state: RuleBasedStateMachine, pid: str) -> tuple[CacheState, Call] | tuple[System, int] | None:
+    """For a REFINEMENT found on the last call: the machine's record before it, and the
     call (cache level: a reproduction makes it again through the adapter, and applies the
     spec action its result names) or the ticks it let pass (scheduler level: the engine
     reports its actions itself). None for a REFINEMENT found between calls."""
@@ -190,7 +190,7 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
     pid, model = violation.first_id, getattr(state, "model", None)
     refining = _refining(state, pid)
     if refining is not None:  # from the record before the last call (its step is judged again)
-        before, made = (refining[1], refining[0]) if isinstance(refining[0], Call) else refining
+        before, made = refining
         return {"spec": repr(before), "step": violation.step, ("call" if isinstance(made, Call) else "ticks"): made}
     if pid == "REFINEMENT" and model is not None:
         return {"spec": repr(model)}
