@@ -26,7 +26,7 @@ import functools
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import CodeType
 from typing import Any, ClassVar, Protocol
@@ -204,6 +204,14 @@ def view_of(o: Observation, cpu: Observation | None = None, live: Mapping[str, i
         queued=o.waiting if o.waiting is not None else frozenset(),  # an engine without a queue holds none
         computed=computed, block_size=block_size,
     )
+
+
+def scheduler_view(o: Observation, cpu: Observation | None, live: Sequence[str], block_size: int) -> View:
+    """The view of a scheduler-level engine, which decides itself what it computes: the
+    requests it holds are `live`, and its `computed` tokens are what it reports, or
+    unknown (LIVE-PROGRESS is then not judged; INV-REQUEST asks for no table)."""
+    v = view_of(o, cpu, {r: 0 for r in live}, block_size)
+    return v if o.tokens is not None else replace(v, computed=None)
 
 
 def check(o: Observation, live: Mapping[str, int], block_size: int, cpu: Observation | None = None) -> list[Violation]:

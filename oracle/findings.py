@@ -27,7 +27,7 @@ from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.cache_machine import next_record as cache_record
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.campaign import RunResult, replay
-from kvoracle.oracle.engine import BadInput, Observation, Scripted, view_of
+from kvoracle.oracle.engine import BadInput, Observation, Scripted, scheduler_view, view_of
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
 from kvoracle.oracle.scheduler_machine import next_record as scheduler_record
@@ -49,7 +49,7 @@ _REQUEST = re.compile(r"\brequest (r\d+)\b")
 _RANK = re.compile(r"^\[rank\d+\]:\s?")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
 ENDED = "ProcessEnded"  # what a reproduction whose process was ended (no exception) failed with
-TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT")  # judged on the last call: the view before it is kept
+TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT", "LIVE-PROGRESS")  # judged on the last call: the view before it is kept
 
 
 def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
@@ -185,7 +185,8 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
     """What the check needs from the checker's own record, not the engine's: the spec
     state it expected (REFINEMENT), when it saw each transfer start (LIVE-TRANSFER), what
     the eviction asked for (LIVE-EVICT), what the scheduling step's queue needed and the
-    steps in a row before it that stalled (LIVE-ADMIT), the refusal the bad call needed
+    steps in a row before it that stalled (LIVE-ADMIT; LIVE-PROGRESS: the running
+    requests' needs), the refusal the bad call needed
     (BAD-INPUT)."""
     pid, model = violation.first_id, getattr(state, "model", None)
     refining = _refining(state, pid)
@@ -204,6 +205,9 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
     if pid == "LIVE-ADMIT" and isinstance(state, SchedulerMachine):
         needs, flying = state.admission
         return {"needs": needs, "room": usable(state.engine), "in_flight": flying, "stalled": state.stalls[:-1]}
+    if pid == "LIVE-PROGRESS" and isinstance(state, SchedulerMachine):
+        return {"needs": state.growth, "room": usable(state.engine), "in_flight": state.admission[1],
+                "stalled": state.standstills[:-1]}
     refusals = getattr(adapter, "refusals", None)
     kind = violation.step.removeprefix("bad_input:")
     if pid == "BAD-INPUT" and isinstance(refusals, Mapping) and kind in {k.value for k in refusals}:
@@ -295,7 +299,8 @@ def view_now(source: str, namespace: dict[str, object], live: Mapping[str, int] 
     adapter = attached(source, namespace)
     cpu: Observation | None = adapter.observe_cpu() if hasattr(adapter, "observe_cpu") else None
     if live is None and hasattr(adapter, "statuses"):
-        live = {f"r{r}": 0 for r, s in adapter.statuses().items() if s.value not in ("finished", "aborted")}
+        held = [f"r{r}" for r, s in adapter.statuses().items() if s.value not in ("finished", "aborted")]
+        return scheduler_view(adapter.observe(), cpu, held, adapter.block_size)
     return view_of(adapter.observe(), cpu, live, adapter.block_size)
 
 
@@ -376,6 +381,11 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
         r = ev.record
         why = liveness.stall(ev.before, after, r["needs"], r["room"], (r["in_flight"], len(ev.adapter().transfers())))
         return [] if why is None else liveness.live_admit([*r["stalled"], why])
+    if pid == "LIVE-PROGRESS":
+        r = ev.record
+        in_flight = (r["in_flight"], len(ev.adapter().transfers()))
+        why = liveness.standstill(ev.before, after, r["needs"], r["room"], in_flight)
+        return [] if why is None else liveness.live_progress([*r["stalled"], why])
     return _refused(ev.before, after, ev.raised, ev.record.get("refusal"))
 
 

@@ -306,6 +306,21 @@ class StarvingAdmit(ResourceManager):
         return need < self.cache.gpu.num_free  # one block short: a request that needs all that is free waits
 
 
+# --- 14: a needless preemption (beyond the design's twelve: the ninth blind run planted it) ---
+
+
+class SelfPreempt(ResourceManager):
+    def _reserve(self, need: int, grower: RequestId) -> bool:
+        while self.cache.gpu.num_free <= need:  # one block too strict: exactly enough free is not enough
+            if self._evict(need - self.cache.gpu.num_free):
+                continue
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim == grower:
+                return False
+        return True
+
+
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
@@ -333,6 +348,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("starving-admit", 13, "Admission that starves: a request that needs every free block waits forever",
            "admission asks for one block more than the request needs", frozenset({"LIVE-ADMIT"}),
            scheduler_class=StarvingAdmit),
+    Mutant("self-preempt", 14, "A request that fits preempts itself for ever, never growing",
+           "decode's room check asks for one free block more than it takes", frozenset({"LIVE-PROGRESS"}),
+           scheduler_class=SelfPreempt),
     Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
            "an answer for an ended transfer frees that transfer's blocks again",
            frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),

@@ -25,7 +25,7 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
-from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, view_of
+from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, scheduler_view
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
@@ -131,8 +131,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
         self.fresh: dict[str, int] = {}  # request -> its prompt's tokens, until first admitted
+        self.lengths: dict[str, int] = {}  # request -> its prompt's tokens
         self.stalls: list[str] = []  # why each of the latest scheduling steps in a row stalled (LIVE-ADMIT)
+        self.standstills: list[str] = []  # the same, for LIVE-PROGRESS
         self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
+        self.growth: dict[str, int] = {}  # the last scheduling step's needs of the running requests
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
 
@@ -140,8 +143,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def view(self) -> View:
         e = self.engine
-        live = {request_name(r): 0 for r in self._live()}
-        return view_of(e.observe(), e.observe_cpu(), live, e.block_size)
+        return scheduler_view(e.observe(), e.observe_cpu(), [request_name(r) for r in self._live()], e.block_size)
 
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
               ticks: int = 0, admitting: bool = False) -> None:
@@ -150,7 +152,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
         self.mark = call_starts(self.engine)
         before, statuses = self.view(), self.engine.statuses()
-        admission = self._admission_before() if admitting else None
+        admission = self._admission_before(before) if admitting else None
         escaped: BaseException | None = None
         try:
             call()
@@ -165,9 +167,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.bookkeeping:
             found = self._bookkeeping(name, before, statuses, exiting, escaped, ticks) + found
             if admission is not None:
-                found += self._admitted(before, *admission)
-            elif self.engine.running():
-                self.stalls = []
+                found += self._scheduled(before, *admission)
+            else:
+                self.standstills = [] if ticks == 0 and name != "submit" else self.standstills
+                self.stalls = [] if self.engine.running() else self.stalls
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
@@ -209,21 +212,28 @@ class SchedulerMachine(RuleBasedStateMachine):
             found += [Violation(v.id, f"after {name} {v.message}") for v in refines(model, got)]
         return found
 
-    def _admission_before(self) -> tuple[dict[str, int], int]:
-        """What LIVE-ADMIT needs from before a scheduling step: the blocks each queued
-        request needs (from the record, else the prompts of those never admitted) and
-        the transfers in flight."""
+    def _admission_before(self, before: View) -> tuple[dict[str, int], dict[str, int], int]:
+        """What LIVE-ADMIT and LIVE-PROGRESS need from before a scheduling step: the
+        blocks each queued request needs (from the record, else the prompts of those never
+        admitted), those each running request needs to grow (from the record, else its
+        prompt or its computed tokens, whichever is more), and the transfers in flight."""
+        flying = len(self.engine.transfers())
         if self.model is not None:
-            return liveness.needs(self.model), len(self.engine.transfers())
+            return liveness.needs(self.model), liveness.growth_needs(self.model), flying
         size = self.engine.block_size
-        return {r: blocks_for(n + 1, size) for r, n in self.fresh.items()}, len(self.engine.transfers())
+        growth = {r: blocks_for(max(self.lengths.get(r, 0), n) + 1, size) for r, n in (before.computed or {}).items()}
+        return {r: blocks_for(n + 1, size) for r, n in self.fresh.items()}, growth, flying
 
-    def _admitted(self, before: View, needs: dict[str, int], flying: int) -> list[Violation]:
-        """LIVE-ADMIT on the stalls of the latest scheduling steps in a row."""
-        self.admission = needs, flying
-        why = liveness.stall(before, self.view(), needs, usable(self.engine), (flying, len(self.engine.transfers())))
+    def _scheduled(self, before: View, needs: dict[str, int], growth: dict[str, int],
+                   flying: int) -> list[Violation]:
+        """LIVE-ADMIT and LIVE-PROGRESS on the latest scheduling steps in a row."""
+        self.admission, self.growth = (needs, flying), growth
+        after, room, in_flight = self.view(), usable(self.engine), (flying, len(self.engine.transfers()))
+        why = liveness.stall(before, after, needs, room, in_flight)
         self.stalls = [] if why is None else [*self.stalls, why]
-        return liveness.live_admit(self.stalls)
+        why = liveness.standstill(before, after, growth, room, in_flight)
+        self.standstills = [] if why is None else [*self.standstills, why]
+        return liveness.live_admit(self.stalls) + liveness.live_progress(self.standstills)
 
     def _ended(self, outcome: str) -> None:
         ended = type(self).tally.outcomes
@@ -265,7 +275,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         tail = _room(self.engine) - len(shared) if p == 12 else min(tail, _room(self.engine) - len(shared))
         own = (r + 1 + max(max(q) for q in family),) * tail
         tokens = tuple(t for t in shared + own for _ in range(widen))
-        self.fresh[request_name(r)] = len(tokens)
+        self.fresh[request_name(r)] = self.lengths[request_name(r)] = len(tokens)
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)

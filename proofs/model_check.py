@@ -66,6 +66,9 @@ from kvoracle.spec.types import (
 from kvoracle.spec.view import View, of_system, request_name
 
 NOT_MODELLED = ("INV-COUNTERS", "INV-CONTENT")  # the abstract state has no counters and no bytes
+# Properties of an engine's choice among Next's steps, which a search of Next cannot judge:
+# Next offers every choice, and in every state where a request runs, an exit that ends it.
+POLICY = ("LIVE-PROGRESS",)
 
 # --- proof-only mutants of the specification: one action of Next replaced ---------------------
 

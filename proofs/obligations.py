@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 from kvoracle.oracle.workers import in_order
 from kvoracle.proofs import compiled
-from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, Report, explore
+from kvoracle.proofs.model_check import MUTATIONS, NOT_MODELLED, POLICY, Report, explore
 from kvoracle.proofs.partitioned import explore_partitioned
 from kvoracle.spec.next import Scope
 from kvoracle.spec.properties import PROPERTIES
 
-MODEL_IDS = tuple(i for i in PROPERTIES if i not in NOT_MODELLED)
+MODEL_IDS = tuple(i for i in PROPERTIES if i not in NOT_MODELLED + POLICY)
 CACHE_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN",
                      "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS", "INV-REQUEST", "LIVE-EXIT", "LIVE-EVICT",
                      "LIVE-DRAIN")
 SCHEDULER_MACHINE_IDS = ("INV-CONSERVE", "INV-REFCOUNT", "INV-TREE", "INV-TIER", "INV-NO-UAF", "INV-PIN",
                          "INV-HEAP-SOUND", "INV-HEAP-COMPLETE", "INV-COUNTERS", "INV-REQUEST", "INV-CONTENT",
-                         "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-ADMIT", "LIVE-DRAIN")
+                         "LIVE-EXIT", "LIVE-TRANSFER", "LIVE-ADMIT", "LIVE-PROGRESS", "LIVE-DRAIN")
 ALL_IDS = tuple(PROPERTIES)
 # Storage and re-admission after preemption together (the scope the reference's exit paths need).
 CI_SCOPE = Scope(gpu_blocks=6, cpu_blocks=2, storage=True, requests=2, prompt_blocks=2, alphabet=2, admissions=2)

@@ -15,6 +15,12 @@ LIVE-ADMIT    Fairness: none. Bounded form: of the scheduling steps taken while 
               pool, no more than ADMIT_GRACE in a row stall: each of the others admits
               a request, starts a transfer or frees a GPU block (which an idle engine
               can do only finitely often without admitting).
+LIVE-PROGRESS Fairness: none. Bounded form: of the scheduling steps taken while requests
+              run, each fitting the GPU pool on its own, and no transfer is in flight,
+              no more than PROGRESS_GRACE in a row (only ticks and new requests
+              between them) stand still: each of the others computes
+              a token for a request that runs before and after it (a prefill chunk or
+              a decode), ends a running request, or starts a transfer.
 LIVE-DRAIN    Fairness: every request can be ended, every transfer eventually
               answers, eviction runs. Bounded form: from the state at hand, the drain
               (abort every live request, complete every transfer, evict every
@@ -117,6 +123,47 @@ def live_admit(stalls: Sequence[str]) -> list[Violation]:
     if len(stalls) <= ADMIT_GRACE:
         return []
     return [Violation("LIVE-ADMIT", f"{len(stalls)} scheduling steps in a row stalled: {stalls[-1]}")]
+
+
+PROGRESS_GRACE = 1  # scheduling steps in a row that may stall before LIVE-PROGRESS is broken
+
+
+def standstill(before: View, after: View, needs: Mapping[str, int], room: int,
+               in_flight: tuple[int, int]) -> str | None:
+    """Why a scheduling step made no progress, or None: it started with requests running
+    (`computed`: each running request's computed tokens), each fitting on its own (`needs`:
+    the GPU blocks its tokens and the next one take; `room`: the GPU blocks the engine may
+    fill), and no transfer in flight before or after it (`in_flight`); and no request that
+    ran before and after it computed a token, and none that ran ended. A request that
+    fits alone can always grow, by eviction or by preempting others, so a step that
+    stalls chose not to: a livelock when it repeats (a request that preempts itself for
+    ever, requests that preempt each other in turn)."""
+    if before.computed is None or after.computed is None or before.live is None or after.live is None:
+        return None
+    running = sorted(before.computed, key=lambda r: (len(r), r))
+    if not running or in_flight != (0, 0) or any(needs.get(r, room + 1) > room for r in running):
+        return None
+    if any(after.computed.get(r, -1) > before.computed[r] for r in running) or set(running) - after.live:
+        return None
+    held = ", ".join(f"{r} ({before.computed[r]} tokens, {needs[r]} blocks)" for r in running)
+    return (f"{held} ran with no transfer in flight, each fitting the {room} GPU blocks on its own: no request "
+            f"that ran computed a token and none ended")
+
+
+def live_progress(stalls: Sequence[str]) -> list[Violation]:
+    """LIVE-PROGRESS: no more than PROGRESS_GRACE scheduling steps in a row stand still
+    (`stalls`: why each of the latest steps in a row did, oldest first, with only ticks
+    and new requests between them; spec.liveness.standstill). The grace is for an engine
+    that takes up at its next step what it decided in this one."""
+    if len(stalls) <= PROGRESS_GRACE:
+        return []
+    return [Violation("LIVE-PROGRESS", f"{len(stalls)} scheduling steps in a row made no progress: {stalls[-1]}")]
+
+
+def growth_needs(s: System) -> dict[str, int]:
+    """The GPU blocks each running request's tokens and the next one take (LIVE-PROGRESS)."""
+    return {request_name(r): blocks_for(len(q.tokens) + 1, s.block_size) for r, q in s.requests.items()
+            if q.status is Status.RUNNING}
 
 
 def needs(s: System, admissions: int | None = None) -> dict[str, int]:

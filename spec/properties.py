@@ -29,6 +29,7 @@ LIVENESS: dict[str, str] = {
     "LIVE-EVICT": "with evictable nodes, eviction makes progress and never raises",
     "LIVE-TRANSFER": "every transfer completes or times out within the timeout, on the checker's clock",
     "LIVE-ADMIT": "with nothing running and nothing in flight, scheduling admits a request that fits, or makes room for it",
+    "LIVE-PROGRESS": "with requests running that each fit alone and nothing in flight, scheduling computes a token",
 }
 PROPERTIES: dict[str, str] = {**SAFETY, **LIVENESS}
 
@@ -41,4 +42,5 @@ DEFINED_BY: dict[str, Callable[..., object]] = {
     "LIVE-EVICT": liveness.live_evict,
     "LIVE-TRANSFER": liveness.live_transfer,
     "LIVE-ADMIT": liveness.live_admit,
+    "LIVE-PROGRESS": liveness.live_progress,
 }

@@ -77,6 +77,7 @@ FIRST_ID = {
     "late-timeout": {"LIVE-TRANSFER"},
     "stuck-fill": {"REFINEMENT"},
     "starving-admit": {"LIVE-ADMIT"},
+    "self-preempt": {"LIVE-PROGRESS"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
     "recycle-listed-content": {"INV-CONTENT"},
 }
