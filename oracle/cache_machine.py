@@ -31,7 +31,7 @@ from kvoracle.spec import liveness
 from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.refinement import refines, reports_ready
+from kvoracle.spec.refinement import not_a_step, refines, reports_ready
 from kvoracle.spec.state import CacheState
 from kvoracle.spec.types import Error, Ok, Outcome, Partial, RequestId, Timeout
 from kvoracle.spec.view import View, of_cache, request_name
@@ -383,8 +383,8 @@ def next_record(model: CacheState, name: str, event: CacheEvent) -> CacheState |
     """spec's state after the engine's step `name`, or REFINEMENT where spec refuses it."""
     try:
         return apply_cache(model, event)
-    except PreconditionError as e:
-        return Violation("REFINEMENT", f"the engine's {name} is no step of spec/: {e}")
+    except PreconditionError as err:
+        return not_a_step(name, err)
 
 
 def drain(m: CacheMachine, bound: int) -> int:

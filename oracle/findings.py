@@ -207,7 +207,7 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
         return {"needs": needs, "room": usable(state.engine), "in_flight": flying, "stalled": state.stalls[:-1]}
     if pid == "LIVE-PROGRESS" and isinstance(state, SchedulerMachine):
         return {"needs": state.growth, "room": usable(state.engine), "in_flight": state.admission[1],
-                "stalled": state.standstills[:-1]}
+                "furthest": state.furthest, "stalled": state.standstills[:-1]}
     refusals = getattr(adapter, "refusals", None)
     kind = violation.step.removeprefix("bad_input:")
     if pid == "BAD-INPUT" and isinstance(refusals, Mapping) and kind in {k.value for k in refusals}:
@@ -384,7 +384,7 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
     if pid == "LIVE-PROGRESS":
         r = ev.record
         in_flight = (r["in_flight"], len(ev.adapter().transfers()))
-        why = liveness.standstill(ev.before, after, r["needs"], r["room"], in_flight)
+        why = liveness.standstill(ev.before, after, r["needs"], r["room"], in_flight, r["furthest"])
         return [] if why is None else liveness.live_progress([*r["stalled"], why])
     return _refused(ev.before, after, ev.raised, ev.record.get("refusal"))
 

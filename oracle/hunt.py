@@ -46,6 +46,7 @@ class KnownBug:
     seeds: int = 3
     examples: int = 150
     note: str = ""  # why a row cannot be run, or what to know when reading it
+    known: tuple[str, ...] = ()  # ID[:STEP] of other bugs both releases have (check --expect): gone past
 
 
 def load(path: Path = CATALOGUE) -> list[KnownBug]:
@@ -59,7 +60,7 @@ def load(path: Path = CATALOGUE) -> list[KnownBug]:
             raise CatalogueError(f"{path.name}: bug {i + 1} ({e.get('name', '?')}) lacks {', '.join(missing)}")
         out.append(KnownBug(e["name"], e["engine"], e["what"], e["public"], e["buggy"], e.get("fixed", ""),
                             e["adapter"], tuple(e["expect"]), e.get("seeds", 3), e.get("examples", 150),
-                            e.get("note", "")))
+                            e.get("note", ""), tuple(e.get("known", ()))))
     return out
 
 
@@ -150,7 +151,8 @@ def campaign(env: Path, bug: KnownBug, version: str, out: Path) -> Outcome:
     """`kvoracle check --adapter` in the release's environment, from outside the checkout."""
     report = out / f"{bug.name}-{version}.json"
     cmd = [str(env / "bin" / "kvoracle"), "check", "--adapter", bug.adapter, "--seeds", str(bug.seeds),
-           "--examples", str(bug.examples), "--json", str(report), "--no-coverage"]
+           "--examples", str(bug.examples), "--json", str(report), "--no-coverage",
+           *(f"--expect={k}" for k in bug.known)]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     seconds = time.perf_counter() - start

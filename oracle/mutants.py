@@ -18,6 +18,7 @@ from kvoracle.kvcache.faults import Reply
 from kvoracle.kvcache.errors import OutOfBlocks
 from kvoracle.kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
 from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec.actions import Evict
 from kvoracle.spec.state import Status
 from kvoracle.spec.types import Outcome, TransferId
 from kvoracle.kvcache.tree import GPU, Node
@@ -321,6 +322,23 @@ class SelfPreempt(ResourceManager):
         return True
 
 
+# --- 15: a copy told the wrong batch (beyond the design's twelve: the ninth blind run planted it) ---
+
+
+class MiscountedSwap(ResourceManager):
+    def _evict(self, need: int) -> bool:
+        rep = self.cache.evict_gpu(need)
+        self.stats.block_ops += len(rep.steps)
+        if rep.steps:
+            self.events.append(Evict(rep.steps))
+        if rep.swap_out is not None:
+            n = len(rep.steps)  # every eviction step, drops and stale entries too, not the swap-out's items
+            self._start(rep.swap_out, lambda: self.copier.copy("swap_out", n))
+            if self.cache.gpu.num_free < need:
+                self.tick(0)
+        return bool(rep.steps)
+
+
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
@@ -351,6 +369,9 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("self-preempt", 14, "A request that fits preempts itself for ever, never growing",
            "decode's room check asks for one free block more than it takes", frozenset({"LIVE-PROGRESS"}),
            scheduler_class=SelfPreempt),
+    Mutant("miscounted-swap", 15, "A swap-out's copy is told the wrong number of blocks",
+           "the copier is asked for every eviction step, not the items the swap-out moves",
+           frozenset({"VALID-INPUT", "REFINEMENT"}), scheduler_class=MiscountedSwap),
     Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
            "an answer for an ended transfer frees that transfer's blocks again",
            frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),

@@ -33,7 +33,7 @@ from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.refinement import refines
+from kvoracle.spec.refinement import not_a_step, refines
 from kvoracle.spec.state import EXITED, Status, System, blocks_for
 from kvoracle.spec.types import RequestId, describe
 from kvoracle.spec.view import View, of_system, request_name
@@ -43,6 +43,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(FaultKind.ERROR),
     Fault(FaultKind.PARTIAL, done=0),
     Fault(FaultKind.PARTIAL, done=1),
+    Fault(FaultKind.PARTIAL, done=64),  # more than any batch: every item done, told as partial (capped at the batch)
     Fault(FaultKind.HANG),
     Fault(FaultKind.LATE, delay=2),
     Fault(FaultKind.TWICE, delay=1),
@@ -136,6 +137,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.standstills: list[str] = []  # the same, for LIVE-PROGRESS
         self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
         self.growth: dict[str, int] = {}  # the last scheduling step's needs of the running requests
+        self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
 
@@ -152,6 +154,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
         self.mark = call_starts(self.engine)
         before, statuses = self.view(), self.engine.statuses()
+        for r, n in (before.computed or {}).items():
+            self.furthest[r] = max(n, self.furthest.get(r, 0))
         admission = self._admission_before(before) if admitting else None
         escaped: BaseException | None = None
         try:
@@ -231,7 +235,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         after, room, in_flight = self.view(), usable(self.engine), (flying, len(self.engine.transfers()))
         why = liveness.stall(before, after, needs, room, in_flight)
         self.stalls = [] if why is None else [*self.stalls, why]
-        why = liveness.standstill(before, after, growth, room, in_flight)
+        why = liveness.standstill(before, after, growth, room, in_flight, self.furthest)
         self.standstills = [] if why is None else [*self.standstills, why]
         return liveness.live_admit(self.stalls) + liveness.live_progress(self.standstills)
 
@@ -362,7 +366,7 @@ def next_record(model: System, name: str, ticks: int, events: Sequence[Event]) -
         for event in events:
             after = scheduler.apply(after, event)
     except PreconditionError as err:
-        return Violation("REFINEMENT", f"{name}: the engine's {err.action} is no step of spec/: {err.reason}")
+        return not_a_step(name, err)
     return after
 
 

@@ -18,9 +18,10 @@ LIVE-ADMIT    Fairness: none. Bounded form: of the scheduling steps taken while 
 LIVE-PROGRESS Fairness: none. Bounded form: of the scheduling steps taken while requests
               run, each fitting the GPU pool on its own, and no transfer is in flight,
               no more than PROGRESS_GRACE in a row (only ticks and new requests
-              between them) stand still: each of the others computes
-              a token for a request that runs before and after it (a prefill chunk or
-              a decode), ends a running request, or starts a transfer.
+              between them) stand still: each of the others computes a token for a
+              request that runs before and after it (a prefill chunk or a decode), or
+              one that request never computed before (a new request's prefill), ends a
+              running request, or starts a transfer.
 LIVE-DRAIN    Fairness: every request can be ended, every transfer eventually
               answers, eviction runs. Bounded form: from the state at hand, the drain
               (abort every live request, complete every transfer, evict every
@@ -129,15 +130,17 @@ PROGRESS_GRACE = 1  # scheduling steps in a row that may stall before LIVE-PROGR
 
 
 def standstill(before: View, after: View, needs: Mapping[str, int], room: int,
-               in_flight: tuple[int, int]) -> str | None:
+               in_flight: tuple[int, int], furthest: Mapping[str, int]) -> str | None:
     """Why a scheduling step made no progress, or None: it started with requests running
     (`computed`: each running request's computed tokens), each fitting on its own (`needs`:
     the GPU blocks its tokens and the next one take; `room`: the GPU blocks the engine may
     fill), and no transfer in flight before or after it (`in_flight`); and no request that
-    ran before and after it computed a token, and none that ran ended. A request that
-    fits alone can always grow, by eviction or by preempting others, so a step that
-    stalls chose not to: a livelock when it repeats (a request that preempts itself for
-    ever, requests that preempt each other in turn)."""
+    ran before and after it computed a token, none computed more tokens than it ever had
+    before (`furthest`: the most each was seen computed: a new request's prefill counts,
+    recomputing what a preemption threw away does not), and none that ran ended. A
+    request that fits alone can always grow, by eviction or by preempting others, so a
+    step that stands still chose not to: a livelock when it repeats (a request that
+    preempts itself for ever, requests that preempt each other in turn)."""
     if before.computed is None or after.computed is None or before.live is None or after.live is None:
         return None
     running = sorted(before.computed, key=lambda r: (len(r), r))
@@ -145,9 +148,11 @@ def standstill(before: View, after: View, needs: Mapping[str, int], room: int,
         return None
     if any(after.computed.get(r, -1) > before.computed[r] for r in running) or set(running) - after.live:
         return None
+    if any(n > furthest.get(r, 0) for r, n in after.computed.items()):
+        return None
     held = ", ".join(f"{r} ({before.computed[r]} tokens, {needs[r]} blocks)" for r in running)
     return (f"{held} ran with no transfer in flight, each fitting the {room} GPU blocks on its own: no request "
-            f"that ran computed a token and none ended")
+            f"that ran computed a token, none computed one it never had, none ended")
 
 
 def live_progress(stalls: Sequence[str]) -> list[Violation]:

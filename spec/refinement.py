@@ -9,7 +9,7 @@ reproductions they write (oracle/findings.py) all judge it here.
 
 from __future__ import annotations
 
-from kvoracle.spec.actions import ready
+from kvoracle.spec.actions import PreconditionError, ready
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.state import CacheState, System
 from kvoracle.spec.types import RequestId
@@ -21,6 +21,12 @@ def refines(want: CacheState | System, got: CacheState | System) -> list[Violati
     if not parts:
         return []
     return [Violation("REFINEMENT", "the engine's state differs from the specification's: " + "; ".join(parts))]
+
+
+def not_a_step(call: str, err: PreconditionError) -> Violation:
+    """REFINEMENT: a step the engine reported taking in its call `call` is none of spec's
+    (its action's precondition does not hold)."""
+    return Violation("REFINEMENT", f"{call}: the engine's {err.action} is no step of spec/: {err.reason}")
 
 
 def reports_ready(want: CacheState | None, r: RequestId, said: bool, in_flight: int) -> list[Violation]:

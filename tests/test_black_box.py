@@ -78,6 +78,7 @@ FIRST_ID = {
     "stuck-fill": {"REFINEMENT"},
     "starving-admit": {"LIVE-ADMIT"},
     "self-preempt": {"LIVE-PROGRESS"},
+    "miscounted-swap": {"VALID-INPUT"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
     "recycle-listed-content": {"INV-CONTENT"},
 }

@@ -511,37 +511,41 @@ def test_live_progress_allows_one_step_that_stands_still_then_asks_for_a_token()
     """A request that preempts itself and is admitted again in the same step computed
     nothing new: it stands still, however its blocks moved."""
     before = _busy({"r0": 6})
-    why = standstill(before, before, {"r0": 4}, 8, (0, 0))
+    why = standstill(before, before, {"r0": 4}, 8, (0, 0), {"r0": 6})
     assert why is not None and "r0 (6 tokens, 4 blocks)" in why
     assert PROGRESS_GRACE == 1 and live_progress([why]) == []
     assert [v.id for v in live_progress([why, why])] == ["LIVE-PROGRESS"]
 
 
 def test_a_step_that_computes_ends_a_request_or_starts_a_transfer_does_not_stand_still() -> None:
+    before, needs, seen = _busy({"r0": 6, "r1": 2}), {"r0": 4, "r1": 2}, {"r0": 6, "r1": 2}
+    assert standstill(before, _busy({"r0": 7, "r1": 2}), needs, 8, (0, 0), seen) is None  # r0 decoded
+    assert standstill(before, _busy({"r0": 6, "r1": 3}), needs, 8, (0, 0), seen) is None  # a prefill chunk of r1
+    assert standstill(before, _busy({"r0": 6}), needs, 8, (0, 0), seen) is None  # r1 ended
+    assert standstill(before, before, needs, 8, (0, 1), seen) is None  # a swap-out that makes room
+    fresh = _busy({"r0": 6, "r1": 2, "r2": 4})  # r2, queued, admitted: its prefill, and no decode
+    assert standstill(_busy({"r0": 6, "r1": 2}, queued=frozenset({"r2"})), fresh, needs, 8, (0, 0), seen) is None
+
+
+def test_recomputing_what_a_preemption_threw_away_is_no_progress() -> None:
     before, needs = _busy({"r0": 6, "r1": 2}), {"r0": 4, "r1": 2}
-    assert standstill(before, _busy({"r0": 7, "r1": 2}), needs, 8, (0, 0)) is None  # r0 decoded
-    assert standstill(before, _busy({"r0": 6, "r1": 3}), needs, 8, (0, 0)) is None  # a prefill chunk of r1
-    assert standstill(before, _busy({"r0": 6}), needs, 8, (0, 0)) is None  # r1 ended
-    assert standstill(before, before, needs, 8, (0, 1)) is None  # a swap-out that makes room
-
-
-def test_a_preempted_request_recomputing_is_no_progress_while_the_others_stand_still() -> None:
-    before = _busy({"r0": 6, "r1": 2})
     after = _busy({"r0": 6}, queued=frozenset({"r1"}))  # r1 preempted, r0 did not grow
-    assert standstill(before, after, {"r0": 4, "r1": 2}, 8, (0, 0)) is not None
-    readmitted = _busy({"r1": 2}, queued=frozenset({"r0"}))
-    assert standstill(_busy({"r1": 0}, queued=frozenset({"r0"})), readmitted, {"r1": 2}, 8, (0, 0)) is None
+    assert standstill(before, after, needs, 8, (0, 0), {"r0": 6, "r1": 2}) is not None
+    back = _busy({"r0": 6, "r1": 2})  # r1 admitted again and recomputed: nothing it never had
+    assert standstill(after, back, needs, 8, (0, 0), {"r0": 6, "r1": 2}) is not None
+    chunk = _busy({"r0": 6, "r1": 1})  # a chunk of its recomputation, running before and after: work
+    assert standstill(_busy({"r0": 6, "r1": 0}), chunk, needs, 8, (0, 0), {"r0": 6, "r1": 2}) is None
 
 
 def test_live_progress_asks_nothing_of_a_request_too_large_to_grow_or_an_engine_waiting_for_a_transfer() -> None:
-    before = _busy({"r0": 16, "r1": 2})
-    assert standstill(before, before, {"r0": 9, "r1": 2}, 8, (0, 0)) is None  # r0 cannot grow even alone
-    assert standstill(before, before, {"r1": 2}, 8, (0, 0)) is None  # r0's need is unknown
-    assert standstill(before, before, {"r0": 8, "r1": 2}, 8, (1, 1)) is None  # a transfer in flight
+    before, seen = _busy({"r0": 16, "r1": 2}), {"r0": 16, "r1": 2}
+    assert standstill(before, before, {"r0": 9, "r1": 2}, 8, (0, 0), seen) is None  # r0 cannot grow even alone
+    assert standstill(before, before, {"r1": 2}, 8, (0, 0), seen) is None  # r0's need is unknown
+    assert standstill(before, before, {"r0": 8, "r1": 2}, 8, (1, 1), seen) is None  # a transfer in flight
     idle = _busy({}, queued=frozenset({"r0"}))
-    assert standstill(idle, idle, {}, 8, (0, 0)) is None  # nothing runs: LIVE-ADMIT's case
+    assert standstill(idle, idle, {}, 8, (0, 0), {}) is None  # nothing runs: LIVE-ADMIT's case
     unknown = View(TierView("GPU", range(8), free=(7,)), live=frozenset({"r0"}), queued=frozenset())
-    assert standstill(unknown, unknown, {"r0": 2}, 8, (0, 0)) is None  # computed tokens not reported
+    assert standstill(unknown, unknown, {"r0": 2}, 8, (0, 0), {}) is None  # computed tokens not reported
 
 
 def test_a_transfer_must_be_over_on_the_tick_that_reaches_its_timeout() -> None:

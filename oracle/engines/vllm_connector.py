@@ -1075,7 +1075,8 @@ class AbortDuringLoad(VllmConnector):
     (WAITING_FOR_REMOTE_KVS) frees the load's destination blocks at once (INV-PIN).
     Buggy 0.15.1, fixed in 0.16.0. No sends and no hung loads (0.16.0 waits for the load
     of an aborted request: issue 46283); a busy engine (0.16.0 idles while an aborted
-    request's load is pending: PR 43433)."""
+    request's load is pending: PR 43433). Both releases also stand still when a preempted
+    request heads the queue (RemoteKvHeadOfLine): the hunt row lists LIVE-PROGRESS as known."""
 
     name = "vllm-abort-during-load"
     connector = "kvoracle"
@@ -1083,6 +1084,19 @@ class AbortDuringLoad(VllmConnector):
     sends = False
     busy = True
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+
+
+class RemoteKvHeadOfLine(AbortDuringLoad):
+    """vLLM issue 30659: requests whose asynchronous loads have ended wait behind the head
+    of the waiting queue to be promoted, holding the blocks their loads filled; a request
+    that cannot be given its blocks heads that queue, and its failed allocation ends the
+    pass before they are reached: nothing runs again (LIVE-PROGRESS). Up to 0.17.1 the
+    head is a request the scheduler preempted; 0.18.0 serves loading requests first (PR
+    35781), and the head is then a promoted load that needs one block more (the shape of
+    issue 45388 and PR 57104); 0.19.0 starts a load only when the whole prompt fits (PR
+    37307). AbortDuringLoad's options: no sends, no hung loads, a busy engine."""
+
+    name = "vllm-remote-kv-head-of-line"
 
 
 class AsyncConsumerFree(VllmConnector):
