@@ -108,7 +108,7 @@ class Mine({base}):
 
 @pytest.mark.parametrize("module, base, attr, mutant, level, first", [
     ("reference_cache", "ReferenceCache", "cache_class", "DoubleFreeAccepted", "cache", "INV-CONSERVE"),
-    ("reference_scheduler", "ReferenceScheduler", "scheduler_class", "LeakyAdmit", "scheduler", "INV-REQUEST"),
+    ("reference_scheduler", "ReferenceScheduler", "scheduler_class", "LeakyAdmit", "scheduler", "LIVE-EXIT"),
 ])
 def test_cli_runs_the_machine_of_the_adapters_protocol(tmp_path: Path, module: str, base: str, attr: str,
                                                        mutant: str, level: str, first: str) -> None:
