@@ -43,7 +43,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(FaultKind.ERROR),
     Fault(FaultKind.PARTIAL, done=0),
     Fault(FaultKind.PARTIAL, done=1),
-    Fault(FaultKind.PARTIAL, done=64),  # more than any batch: every item done, told as partial (capped at the batch)
+    Fault(FaultKind.PARTIAL, done=64),  # more than any batch: the reference's I/O does every item and says partial
     Fault(FaultKind.HANG),
     Fault(FaultKind.LATE, delay=2),
     Fault(FaultKind.TWICE, delay=1),

@@ -147,7 +147,7 @@ def action_of(call: Call, result: object) -> CacheEvent:
     if m == "match" and isinstance(result, Matched) and isinstance(a[1], Blocks):
         return Match(RequestId(_int(a[0])), a[1].hashes, result.swap_dests, result.prefetch_dests, call.limit)
     if m == "allocate" and listed is not None:
-        return Allocate(RequestId(_int(a[0])), listed)
+        return Allocate(RequestId(_int(a[0])), listed, _int(a[1]))
     if m == "commit" and isinstance(a[1], Blocks):
         return Commit(RequestId(_int(a[0])), a[1].hashes)
     if m == "release" and listed is not None:

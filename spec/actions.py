@@ -229,10 +229,12 @@ def match(
 
 
 @_settles
-def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock]) -> CacheState:
-    """Free blocks join the end of r's private blocks."""
+def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock], asked: int | None = None) -> CacheState:
+    """Free blocks join the end of r's private blocks; `asked`: as many as the caller
+    asked for (None: any number, as the scheduler's prefill and decode take)."""
     a = "allocate"
     require(r in s.requests, a, f"unknown request {r}")
+    require(asked is None or len(blocks) == asked, a, f"{len(blocks)} blocks given for {asked} asked")
     gpu_free = _take_free(s.gpu_free, blocks, a)
     held = s.requests[r]
     return replace(
@@ -522,6 +524,7 @@ class Match:
 class Allocate:
     request: RequestId
     blocks: tuple[GpuBlock, ...]
+    asked: int | None = None  # the caller's count, where it gave one
 
 
 @dataclass(frozen=True)
@@ -560,7 +563,7 @@ def apply_cache(s: CacheState, e: CacheEvent) -> CacheState:
     if isinstance(e, Match):
         return match(s, e.request, e.hashes, e.swap_dests, e.prefetch_dests, e.limit)
     if isinstance(e, Allocate):
-        return allocate(s, e.request, e.blocks)
+        return allocate(s, e.request, e.blocks, e.asked)
     if isinstance(e, Commit):
         return commit(s, e.request, e.hashes)
     if isinstance(e, Release):

@@ -17,8 +17,8 @@ LIVE-ADMIT    Fairness: none. Bounded form: of the scheduling steps taken while 
               can do only finitely often without admitting).
 LIVE-PROGRESS Fairness: none. Bounded form: of the scheduling steps taken while requests
               run, each fitting the GPU pool on its own, and no transfer is in flight,
-              no more than PROGRESS_GRACE in a row (only ticks and new requests
-              between them) stand still: each of the others computes a token for a
+              no more than PROGRESS_GRACE in a row (only ticks, new requests and
+              bad inputs between them) stand still: each of the others computes a token for a
               request that runs before and after it (a prefill chunk or a decode), or
               one that request never computed before (a new request's prefill), ends a
               running request, or starts a transfer.
@@ -157,8 +157,9 @@ def standstill(before: View, after: View, needs: Mapping[str, int], room: int,
 
 def live_progress(stalls: Sequence[str]) -> list[Violation]:
     """LIVE-PROGRESS: no more than PROGRESS_GRACE scheduling steps in a row stand still
-    (`stalls`: why each of the latest steps in a row did, oldest first, with only ticks
-    and new requests between them; spec.liveness.standstill). The grace is for an engine
+    (`stalls`: why each of the latest steps in a row did, oldest first, with only ticks,
+    new requests and bad inputs between them: an exit, an eviction or damage from
+    outside starts the count again; spec.liveness.standstill). The grace is for an engine
     that takes up at its next step what it decided in this one."""
     if len(stalls) <= PROGRESS_GRACE:
         return []

@@ -196,6 +196,14 @@ class OverdrawnMatch(CacheManager):
         return super().match(r, hashes, limit=limit + len(swapped))
 
 
+class GreedyAllocate(CacheManager):
+    """The tenth blind run's: allocation as a slice of the free list's tail, which for 0
+    blocks is the whole list (a step spec refuses: more blocks than the caller asked)."""
+
+    def allocate(self, r, n):
+        return super().allocate(r, n or self.gpu.num_free)
+
+
 class MisreportedToken(ResourceManager):
     """Reports each decoded token as the other one of the alphabet: the engine's state
     is sound, and only the record of what it did differs."""
@@ -226,6 +234,16 @@ def test_a_match_over_its_callers_limit_is_no_step_of_spec(tmp_path: Path) -> No
     assert replay(Target("reference", "cache", None).machine(), OVERDRAWN) is None
     assert_refinement_reproduces(tmp_path, reproduction(machine, OVERDRAWN, found), "OverdrawnMatch",
                                  "from kvoracle.kvcache.manager import CacheManager as Cache")
+
+
+def test_an_allocation_of_more_blocks_than_asked_is_no_step_of_spec(tmp_path: Path) -> None:
+    """An admission whose prompt is all GPU hits asks for 0 blocks: the planted engine
+    takes every free one, which spec's allocate refuses (it knows the count asked)."""
+    (tmp_path / "planted.py").write_text(PLANTED)
+    planted = Mutant("greedy-allocate", 4, "", "", frozenset({"REFINEMENT"}),
+                     file_module(tmp_path / "planted.py").GreedyAllocate)
+    result = run_machine(Target(planted.name, "cache", planted).machine(), seed_value=0, examples=50, steps=30)
+    assert result.first_id == "REFINEMENT" and "blocks given for 0 asked" in str(result.violation), result.violation
 
 
 def test_a_misreported_step_reproduces_against_the_record_before_it(tmp_path: Path) -> None:
