@@ -131,8 +131,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.injected = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
-        self.fresh: dict[str, int] = {}  # request -> its prompt's tokens, until first admitted
         self.lengths: dict[str, int] = {}  # request -> its prompt's tokens
+        self.fresh: set[str] = set()  # requests never admitted yet
         self.stalls: list[str] = []  # why each of the latest scheduling steps in a row stalled (LIVE-ADMIT)
         self.standstills: list[str] = []  # the same, for LIVE-PROGRESS
         self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
@@ -166,15 +166,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._count(name)
         if self.fresh:  # a request seen out of the queue has been admitted
             waiting = {request_name(r) for r in self.engine.waiting()}
-            self.fresh = {r: n for r, n in self.fresh.items() if r in waiting}
+            self.fresh &= waiting
         found = self.engine.content()
         if self.bookkeeping:
             found = self._bookkeeping(name, before, statuses, exiting, escaped, ticks) + found
             if admission is not None:
                 found += self._scheduled(before, *admission)
             else:
-                self.standstills = [] if ticks == 0 and name != "submit" else self.standstills
-                self.stalls = [] if self.engine.running() else self.stalls
+                if ticks == 0 and name != "submit":  # an exit, an eviction or damage from outside
+                    self.standstills = []
+                if self.engine.running():
+                    self.stalls = []
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
@@ -223,10 +225,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         prompt or its computed tokens, whichever is more), and the transfers in flight."""
         flying = len(self.engine.transfers())
         if self.model is not None:
-            return liveness.needs(self.model), liveness.growth_needs(self.model), flying
+            return liveness.needs(self.model), liveness.needs(self.model, among=(Status.RUNNING,)), flying
         size = self.engine.block_size
         growth = {r: blocks_for(max(self.lengths.get(r, 0), n) + 1, size) for r, n in (before.computed or {}).items()}
-        return {r: blocks_for(n + 1, size) for r, n in self.fresh.items()}, growth, flying
+        return {r: blocks_for(n + 1, size) for r, n in self.lengths.items() if r in self.fresh}, growth, flying
 
     def _scheduled(self, before: View, needs: dict[str, int], growth: dict[str, int],
                    flying: int) -> list[Violation]:
@@ -279,7 +281,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         tail = _room(self.engine) - len(shared) if p == 12 else min(tail, _room(self.engine) - len(shared))
         own = (r + 1 + max(max(q) for q in family),) * tail
         tokens = tuple(t for t in shared + own for _ in range(widen))
-        self.fresh[request_name(r)] = self.lengths[request_name(r)] = len(tokens)
+        self.lengths[request_name(r)] = len(tokens)
+        self.fresh.add(request_name(r))
         self._call("submit", lambda: self.engine.submit(r, tokens))
 
     @rule(f=faults)

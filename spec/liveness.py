@@ -166,17 +166,12 @@ def live_progress(stalls: Sequence[str]) -> list[Violation]:
     return [Violation("LIVE-PROGRESS", f"{len(stalls)} scheduling steps in a row made no progress: {stalls[-1]}")]
 
 
-def growth_needs(s: System) -> dict[str, int]:
-    """The GPU blocks each running request's tokens and the next one take (LIVE-PROGRESS)."""
-    return {request_name(r): blocks_for(len(q.tokens) + 1, s.block_size) for r, q in s.requests.items()
-            if q.status is Status.RUNNING}
-
-
-def needs(s: System, admissions: int | None = None) -> dict[str, int]:
-    """The GPU blocks each queued request's tokens and the next one take (LIVE-ADMIT);
+def needs(s: System, admissions: int | None = None, among: Sequence[Status] = QUEUED) -> dict[str, int]:
+    """The GPU blocks each request's tokens and the next one take: of the queued ones
+    (LIVE-ADMIT), or of those `among` other statuses (the running ones: LIVE-PROGRESS);
     `admissions`: only requests admitted fewer times (a model checker's scope)."""
     return {request_name(r): blocks_for(len(q.tokens) + 1, s.block_size) for r, q in s.requests.items()
-            if q.status in QUEUED and (admissions is None or q.admissions < admissions)}
+            if q.status in among and (admissions is None or q.admissions < admissions)}
 
 
 def drained(v: View, in_flight: int = 0) -> list[Violation]:
