@@ -7,7 +7,9 @@
 *outermost* call that returns normally (a wrapped method called by another wrapped
 method is part of its caller), shadow evaluates every property of spec/ that the
 observation allows: spec.invariants.check on a view built by oracle.engine.view_of,
-LIVE-EXIT when the call ends a request, LIVE-DRAIN at the audit when nothing is live.
+LIVE-EXIT when the call ends a request, LIVE-DRAIN at the audit when nothing is live,
+and, for an observer that sees a scheduler's steps (`progress`), LIVE-ADMIT and
+LIVE-PROGRESS after each step (spec.liveness.scheduled).
 Shadow never judges by itself: it builds views and runs spec's predicates on them.
 
 It never changes the engine's behaviour: arguments reach the engine as given (summaries
@@ -81,11 +83,12 @@ Mode = Literal["raise", "record"]
 # The observers kvoracle ships, by engine name (importing them does not import the engine).
 ENGINES: dict[str, str] = {
     "vllm": "kvoracle.oracle.engines.shadow_vllm:VllmObserver",
+    "vllm-scheduler": "kvoracle.oracle.engines.shadow_vllm:VllmSchedulerObserver",
     "sglang": "kvoracle.oracle.engines.shadow_sglang:SglangObserver",
 }
 
-__all__ = ["ENGINES", "Alarm", "Call", "Invocation", "Observer", "ObserverBase", "Shadow", "ShadowAlarm", "Tally",
-           "attach", "install", "restrict", "summarise", "uninstall"]
+__all__ = ["ENGINES", "Alarm", "Call", "Invocation", "Observer", "ObserverBase", "Progress", "Shadow", "ShadowAlarm",
+           "Tally", "attach", "install", "restrict", "summarise", "uninstall"]
 
 
 # --- what a call is, as the observer and the ring buffer see it -------------------------
@@ -246,6 +249,35 @@ class Observer(Protocol):
         it cannot be written down (the reproduction then stops there)."""
         ...
 
+    def progress(self) -> Progress | None:
+        """What LIVE-ADMIT and LIVE-PROGRESS need of the engine now; None: this observer
+        does not see scheduling steps."""
+        ...
+
+    def scheduling(self, call: Invocation) -> bool:
+        """Whether the call is one scheduling step (judged by LIVE-ADMIT and LIVE-PROGRESS)."""
+        ...
+
+    def keeps_progress(self, call: Invocation) -> bool:
+        """Whether a call between scheduling steps leaves LIVE-PROGRESS's count going (it
+        lets time pass, adds a request, or takes in a step's results); any other (an exit
+        from outside, an eviction) starts it again (spec.liveness.between)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A scheduler as LIVE-ADMIT and LIVE-PROGRESS see it at one moment: its view
+    (`computed` for the running requests, `live`, `queued`, the GPU free list), the GPU
+    blocks each queued request (`needs`) and each running one (`growth`) takes with its
+    next token, where known, the room the engine may fill, and its transfers in flight."""
+
+    view: View
+    needs: Mapping[str, int]
+    growth: Mapping[str, int]
+    room: int
+    in_flight: int
+
 
 class ObserverBase:
     """Defaults for every optional part of the Observer Protocol."""
@@ -293,6 +325,15 @@ class ObserverBase:
     def statement(self, call: Invocation) -> str | None:
         return None
 
+    def progress(self) -> Progress | None:
+        return None
+
+    def scheduling(self, call: Invocation) -> bool:
+        return False
+
+    def keeps_progress(self, call: Invocation) -> bool:
+        return True
+
 
 def restrict(o: Observation, ids: range) -> Observation:
     """A full observation cut to `ids` (an observer's observe_range when its full
@@ -328,11 +369,13 @@ class Tally:
     by_id: Counter[str] = field(default_factory=Counter)
     internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
     unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
+    steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
 
     def summary(self, engine: str = "", alarms: int = 20) -> str:
         head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
                 f"{self.calls} calls, {self.checked} checked ({self.incremental} incrementally), "
-                f"{self.full} full checks, {sum(self.by_id.values())} alarm(s)")
+                f"{self.full} full checks, " + (f"{self.steps} scheduling steps, " if self.steps else "")
+                + f"{sum(self.by_id.values())} alarm(s)")
         lines = [head]
         if self.by_id:
             lines.append("alarms by ID: " + ", ".join(f"{k} {n}" for k, n in sorted(self.by_id.items())))
@@ -453,6 +496,8 @@ class Shadow:
         self._since_full = 0
         self._stale = False  # a call raised: the observer's bookkeeping may be behind
         self._seen_views: dict[range, View] = {}  # this call's incremental views, by range
+        self.streak = liveness.Streak()  # the latest scheduling steps in a row that stalled, stood still
+        self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed
         self._local = threading.local()
         self._wrapped: list[tuple[object, str, object]] = []  # (object, name, what was there)
         self._rebuild = self._safely(observer.reproduction, None)
@@ -544,7 +589,8 @@ class Shadow:
         exiting = self._safely(self.observer.exiting, None, call)
         before = None if exiting is None else self._safely(self._exit_before, None, exiting)
         args = self._safely(summarise_args, "?", call, self.observer.describe)
-        return _Noted(token, args, statement, before)
+        step = self._safely(self._step_before, None, call)
+        return _Noted(token, args, statement, before, step)
 
     def _record(self, call: Invocation, noted: _Noted, outcome: str, blocks: frozenset[int] | None) -> Call:
         self.calls += 1
@@ -617,9 +663,44 @@ class Shadow:
                 for b, a in zip(before, after):
                     found += liveness.live_exit(b, a, request)
                 how = how or "exit"
+        stepped = self._steps(call, noted.step)
+        if stepped is not None:
+            found, how = found + stepped, how or "step"
         if how:
             self._count("checked")
         return self._alarms(found, entry, how or "full", blocks or frozenset())
+
+    def _progress(self) -> Progress | None:
+        see = getattr(self.observer, "progress", None)  # optional: an observer of the Protocol may lack it
+        return None if see is None else cast(Progress | None, see())
+
+    def _step_before(self, call: Invocation) -> Progress | None:
+        if not getattr(self.observer, "scheduling", lambda _: False)(call):
+            return None
+        now = self._progress()
+        if now is not None:
+            self._furthest(now.view)
+        return now
+
+    def _steps(self, call: Invocation, before: Progress | None) -> list[Violation] | None:
+        """LIVE-ADMIT and LIVE-PROGRESS after a scheduling step (None: the call was none;
+        a call between steps only moves the streak on)."""
+        now = self._progress()
+        if now is None:
+            return None
+        if before is None:
+            keeps = getattr(self.observer, "keeps_progress", lambda _: True)(call)
+            self.streak = liveness.between(self.streak, keeps, bool(now.view.computed))
+            return None
+        self._count("steps")
+        self.streak = liveness.scheduled(self.streak, before.view, now.view, before.needs, before.growth,
+                                         before.room, (before.in_flight, now.in_flight), self.furthest)
+        self._furthest(now.view)
+        return liveness.streak_violations(self.streak)
+
+    def _furthest(self, view: View) -> None:
+        for r, n in (view.computed or {}).items():
+            self.furthest[r] = max(n, self.furthest.get(r, 0))
 
     def _full(self) -> list[Violation]:
         self._count("full")
@@ -772,6 +853,7 @@ class _Noted:
     args: str
     statement: str | None
     exit: tuple[str, list[range] | None, list[View]] | None
+    step: Progress | None  # the engine before a scheduling step
 
 
 def summarise_args(call: Invocation, describe: Callable[[object], str | None]) -> str:

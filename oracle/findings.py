@@ -204,10 +204,11 @@ def checker_record(state: RuleBasedStateMachine, adapter: Scripted, violation: P
         return {"need": getattr(state, "asked", 1)}
     if pid == "LIVE-ADMIT" and isinstance(state, SchedulerMachine):
         needs, flying = state.admission
-        return {"needs": needs, "room": usable(state.engine), "in_flight": flying, "stalled": state.stalls[:-1]}
+        return {"needs": needs, "room": usable(state.engine), "in_flight": flying,
+                "stalled": list(state.streak.stalls[:-1])}
     if pid == "LIVE-PROGRESS" and isinstance(state, SchedulerMachine):
         return {"needs": state.growth, "room": usable(state.engine), "in_flight": state.admission[1],
-                "furthest": state.furthest, "stalled": state.standstills[:-1]}
+                "furthest": state.furthest, "stalled": list(state.streak.standstills[:-1])}
     refusals = getattr(adapter, "refusals", None)
     kind = violation.step.removeprefix("bad_input:")
     if pid == "BAD-INPUT" and isinstance(refusals, Mapping) and kind in {k.value for k in refusals}:

@@ -133,8 +133,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
         self.lengths: dict[str, int] = {}  # request -> its prompt's tokens
         self.fresh: set[str] = set()  # requests never admitted yet
-        self.stalls: list[str] = []  # why each of the latest scheduling steps in a row stalled (LIVE-ADMIT)
-        self.standstills: list[str] = []  # the same, for LIVE-PROGRESS
+        self.streak = liveness.Streak()  # the latest scheduling steps in a row that stalled, stood still
         self.admission: tuple[dict[str, int], int] = ({}, 0)  # the last scheduling step's needs, transfers before
         self.growth: dict[str, int] = {}  # the last scheduling step's needs of the running requests
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
@@ -169,23 +168,21 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.fresh &= waiting
         found = self.engine.content()
         if self.bookkeeping:
-            found = self._bookkeeping(name, before, statuses, exiting, escaped, ticks) + found
+            after = self.view()
+            found = self._bookkeeping(name, before, after, statuses, exiting, escaped, ticks) + found
             if admission is not None:
-                found += self._scheduled(before, *admission)
+                found += self._scheduled(before, after, *admission)
             else:
-                if ticks == 0 and name != "submit":  # an exit, an eviction or damage from outside
-                    self.standstills = []
-                if self.engine.running():
-                    self.stalls = []
+                self.streak = liveness.between(self.streak, ticks > 0 or name == "submit", bool(self.engine.running()))
         # bookkeeping off: the engine's own validation (a refused double free) is one of
         # the checks switched off; INV-CONTENT alone judges
         if found:
             raise PropertyViolated(name, found)
 
-    def _bookkeeping(self, name: str, before: View, statuses: Mapping[RequestId, Status],
+    def _bookkeeping(self, name: str, before: View, after: View, statuses: Mapping[RequestId, Status],
                      exiting: Sequence[RequestId], escaped: BaseException | None,
                      ticks: int) -> list[Violation]:
-        e, after = self.engine, self.view()
+        e = self.engine
         now = e.statuses()
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
         found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
@@ -230,16 +227,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         growth = {r: blocks_for(max(self.lengths.get(r, 0), n) + 1, size) for r, n in (before.computed or {}).items()}
         return {r: blocks_for(n + 1, size) for r, n in self.lengths.items() if r in self.fresh}, growth, flying
 
-    def _scheduled(self, before: View, needs: dict[str, int], growth: dict[str, int],
+    def _scheduled(self, before: View, after: View, needs: dict[str, int], growth: dict[str, int],
                    flying: int) -> list[Violation]:
         """LIVE-ADMIT and LIVE-PROGRESS on the latest scheduling steps in a row."""
         self.admission, self.growth = (needs, flying), growth
-        after, room, in_flight = self.view(), usable(self.engine), (flying, len(self.engine.transfers()))
-        why = liveness.stall(before, after, needs, room, in_flight)
-        self.stalls = [] if why is None else [*self.stalls, why]
-        why = liveness.standstill(before, after, growth, room, in_flight, self.furthest)
-        self.standstills = [] if why is None else [*self.standstills, why]
-        return liveness.live_admit(self.stalls) + liveness.live_progress(self.standstills)
+        room, in_flight = usable(self.engine), (flying, len(self.engine.transfers()))
+        self.streak = liveness.scheduled(self.streak, before, after, needs, growth, room, in_flight, self.furthest)
+        return liveness.streak_violations(self.streak)
 
     def _ended(self, outcome: str) -> None:
         ended = type(self).tally.outcomes

@@ -15,7 +15,9 @@ event) is what the engine reports of its state after the event, and replaces the
 specification's own value before spec's properties are evaluated. After every event:
 every safety property; after every release or exit: LIVE-EXIT; on a scheduler trace,
 before every tick and at its end: LIVE-TRANSFER on the trace's own clock (a tick's
-timeouts follow it as `complete` events of their own, so the check waits for them).
+timeouts follow it as `complete` events of their own, so the check waits for them);
+at each `scheduled` line (it closes the scheduling step a `schedule` line opened):
+LIVE-ADMIT and LIVE-PROGRESS on that step.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, TextIO, cast
 
 from kvoracle.kvcache.abstraction import abstract
@@ -271,8 +273,11 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
         if version != VERSION:  # its hashes were spec's, and spec's block hashes changed in version 3
             raise TraceFormatError(1, f"a scheduler-level trace of version {version} names blocks by the "
                                       f"earlier block hash; record it again with this kvoracle (version {VERSION})")
+        reserve = _int(head.get("reserve", 0), 1, "reserve")
+        if not 0 <= reserve < gpu:
+            raise TraceFormatError(1, f"reserve must be at least 0 and below gpu_blocks ({gpu}), not {reserve}")
         return _replay_system(lines, initial_system(gpu, cpu, _int(head.get("block_size"), 1, "block_size"),
-                                                    _int(head.get("timeout"), 1, "timeout")))
+                                                    _int(head.get("timeout"), 1, "timeout")), reserve)
     return _replay_cache(lines, initial(gpu, cpu))
 
 
@@ -294,10 +299,58 @@ def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
     return TraceReport(len(lines) - 1, [], 0, [])
 
 
-def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
+@dataclass
+class _Steps:
+    """What LIVE-ADMIT and LIVE-PROGRESS need of a scheduler trace's scheduling steps: the
+    open step's start (its state and view), the streak so far, the most tokens each
+    request was seen computed (outside a step, as a machine sees an engine between calls)."""
+
+    room: int
+    start: tuple[System, View] | None = None
+    streak: liveness.Streak = liveness.Streak()
+    furthest: dict[str, int] = field(default_factory=dict)
+
+    def mark(self, op: object, s: System, view: View, line: int) -> list[Violation]:
+        """A `schedule` line opens a step, a `scheduled` line closes it and judges it."""
+        if (op == "schedule") == (self.start is not None):
+            raise TraceFormatError(line, "schedule opens a scheduling step and scheduled closes it: they alternate")
+        if op == "schedule":
+            self.seen(view)
+            self.start = (s, view)
+            return []
+        assert self.start is not None
+        (begun, before), self.start = self.start, None
+        in_flight = (len(begun.cache.transfers), len(s.cache.transfers))
+        self.streak = liveness.scheduled(self.streak, before, view, liveness.needs(begun),
+                                         liveness.needs(begun, among=(Status.RUNNING,)), self.room, in_flight,
+                                         self.furthest)
+        return liveness.streak_violations(self.streak)
+
+    def seen(self, view: View) -> None:
+        for r, n in (view.computed or {}).items():
+            self.furthest[r] = max(n, self.furthest.get(r, 0))
+
+    def between(self, event: Event, s: System, before: View) -> None:
+        """An event outside any scheduling step."""
+        if self.start is None:
+            self.seen(before)
+            running = any(q.status is Status.RUNNING for q in s.requests.values())
+            self.streak = liveness.between(self.streak, isinstance(event, Tick | Submit), running)
+
+
+SCHEDULING = ("schedule", "scheduled")  # the lines that delimit a scheduling step (no spec action)
+
+
+def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport:
     before = _system_view(s, of_cache(s.cache))
+    steps = _Steps(s.cache.gpu_size - reserve)
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
+        if ev.get("op") in SCHEDULING:
+            found = steps.mark(ev.get("op"), s, before, n)
+            if found:
+                return TraceReport(n - 1, found, n, list(lines[:n]))
+            continue
         event = system_event(ev, n)
         # time moves on: whatever the last tick timed out has been answered in the lines since
         late = _late(s, lines[: n - 1]) if isinstance(event, Tick) else None
@@ -312,6 +365,7 @@ def _replay_system(lines: Sequence[str], s: System) -> TraceReport:
         found += by_severity(check(after))
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
+        steps.between(event, s, before)
         before = after
     return _late(s, lines) or TraceReport(len(lines) - 1, [], 0, [])
 

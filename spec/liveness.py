@@ -32,6 +32,7 @@ LIVE-DRAIN    Fairness: every request can be ended, every transfer eventually
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from kvoracle.spec import scheduler
@@ -164,6 +165,39 @@ def live_progress(stalls: Sequence[str]) -> list[Violation]:
     if len(stalls) <= PROGRESS_GRACE:
         return []
     return [Violation("LIVE-PROGRESS", f"{len(stalls)} scheduling steps in a row made no progress: {stalls[-1]}")]
+
+
+@dataclass(frozen=True)
+class Streak:
+    """Why each of the latest scheduling steps in a row stalled (LIVE-ADMIT) and stood
+    still (LIVE-PROGRESS), oldest first: what a checker that sees scheduling steps keeps
+    between them (`scheduled`, `between`) and judges (`streak_violations`)."""
+
+    stalls: tuple[str, ...] = ()
+    standstills: tuple[str, ...] = ()
+
+
+def scheduled(streak: Streak, before: View, after: View, needs: Mapping[str, int], growth: Mapping[str, int],
+              room: int, in_flight: tuple[int, int], furthest: Mapping[str, int]) -> Streak:
+    """The streak after one scheduling step (`needs`: of the queued requests, for stall;
+    `growth`: of the running ones, for standstill)."""
+    stalled = stall(before, after, needs, room, in_flight)
+    stood = standstill(before, after, growth, room, in_flight, furthest)
+    return Streak(() if stalled is None else (*streak.stalls, stalled),
+                  () if stood is None else (*streak.standstills, stood))
+
+
+def between(streak: Streak, keeps_progress: bool, running: bool) -> Streak:
+    """The streak after a call between scheduling steps. LIVE-PROGRESS's count goes on
+    over a call that only lets time pass or adds a request (`keeps_progress`); any other
+    (an exit, an eviction, damage from outside) starts it again. LIVE-ADMIT's starts
+    again when a request runs after the call (the engine was not idle). A bad input
+    that was refused is no call at all: the engine did nothing."""
+    return Streak(() if running else streak.stalls, streak.standstills if keeps_progress else ())
+
+
+def streak_violations(streak: Streak) -> list[Violation]:
+    return live_admit(streak.stalls) + live_progress(streak.standstills)
 
 
 def needs(s: System, admissions: int | None = None, among: Sequence[Status] = QUEUED) -> dict[str, int]:

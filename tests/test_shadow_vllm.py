@@ -75,6 +75,7 @@ def test_full_scheduler_workload_raises_no_alarm(defer: bool, tmp_path: Path) ->
     ns = scheduler(41, defer)
     sched, aborted = ns["sched"], ns["RequestStatus"].FINISHED_ABORTED
     s = shadow.attach(ns["mgr"], engine="vllm", full_every=50, report_dir=tmp_path)
+    steps = shadow.attach(sched, engine="vllm-scheduler", report_dir=tmp_path)  # LIVE-ADMIT, LIVE-PROGRESS
     decoded: dict[str, int] = {}
     deferred = 0
 
@@ -100,6 +101,45 @@ def test_full_scheduler_workload_raises_no_alarm(defer: bool, tmp_path: Path) ->
     assert s.alarms == [] and s.tally.internal == [], s.summary()
     assert s.calls > 300 and s.tally.incremental > 100
     assert (deferred > 0) == defer
+    assert steps.alarms == [] and steps.tally.internal == [] and steps.tally.steps > 100, steps.summary()
+
+
+def run_steps(ns: dict[str, Any], steps: int) -> None:
+    sched = ns["sched"]
+    for _ in range(steps):
+        out = sched.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sched.update_from_output(out, ns["runner_output"](ids, [[1] for _ in ids]))
+
+
+def test_a_scheduler_that_schedules_nothing_for_its_running_requests_is_live_progress(tmp_path: Path) -> None:
+    """A planted livelock: the step's token budget is spent before the running requests
+    get any (a budget miscount); they hold their blocks and never compute a token."""
+    ns = scheduler(41, False)
+    sched = ns["sched"]
+    s = shadow.attach(sched, engine="vllm-scheduler", report_dir=tmp_path)
+    for i in range(2):
+        sched.add_request(ns["request"](f"p{i}", [i + 1] * 20))
+    run_steps(ns, 3)  # admitted, prefilled, decoding
+    sched.max_num_scheduled_tokens = 0
+    run_steps(ns, 1)  # the first step that stands still is the grace
+    with pytest.raises(ShadowAlarm, match="LIVE-PROGRESS: 2 scheduling steps in a row made no progress: p0 "):
+        run_steps(ns, 1)
+    assert s.tally.steps == 5
+
+
+def test_a_scheduler_whose_allocator_never_finds_room_is_live_admit(tmp_path: Path) -> None:
+    """A planted stall: with every block free and nothing running, the allocator refuses
+    a request that fits, and the scheduler leaves it waiting."""
+    ns = scheduler(41, False)
+    sched = ns["sched"]
+    s = shadow.attach(sched, engine="vllm-scheduler", report_dir=tmp_path)
+    sched.kv_cache_manager.allocate_slots = lambda *args, **kwargs: None
+    sched.add_request(ns["request"]("w0", [3] * 20))
+    run_steps(ns, 1)
+    with pytest.raises(ShadowAlarm, match=r"LIVE-ADMIT: 2 scheduling steps in a row stalled: .* w0 \(6\) waited"):
+        run_steps(ns, 1)
+    assert s.tally.steps == 2
 
 
 # --- planted misuse -----------------------------------------------------------------------

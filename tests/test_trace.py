@@ -145,3 +145,89 @@ def test_a_version_2_scheduler_trace_is_refused_by_name() -> None:
     """Version 2 named a scheduler trace's blocks by spec's earlier hash encoding."""
     with pytest.raises(TraceFormatError, match="line 1: .*version 2 .*record it again"):
         check_trace(scheduler_trace(version=2))
+
+
+# --- scheduling steps: LIVE-ADMIT and LIVE-PROGRESS ----------------------------------------------
+
+SCHEDULER_HEAD = {"format": "kvoracle-trace", "version": 3, "level": "scheduler", "gpu_blocks": 4,
+                  "cpu_blocks": 0, "block_size": 2, "timeout": 2}
+PROMPT = [1, 1, 2, 2]
+FIRST_STEP: list[dict[str, object]] = [
+    {"op": "submit", "request": 0, "tokens": PROMPT},
+    {"op": "schedule"}, {"op": "admit", "request": 0}, {"op": "prefill", "request": 0, "tokens": 4, "blocks": [0, 1]},
+    {"op": "scheduled"},
+]
+# r0 (3 blocks with its next token, of 4) preempts itself and is admitted and refilled: it computes nothing new
+SELF_PREEMPT: list[dict[str, object]] = [
+    {"op": "schedule"}, {"op": "exit", "request": 0, "to": "preempted"}, {"op": "admit", "request": 0},
+    {"op": "prefill", "request": 0, "tokens": 4, "blocks": [0, 1]}, {"op": "scheduled"},
+]
+
+
+def steps_trace(events: Sequence[dict[str, object]], **head: object) -> list[str]:
+    return [json.dumps({**SCHEDULER_HEAD, **head}), *map(json.dumps, events)]
+
+
+def test_scheduling_steps_that_decode_pass() -> None:
+    decode: list[dict[str, object]] = [{"op": "schedule"}, {"op": "decode", "request": 0, "token": 7, "blocks": [2]},
+                                       {"op": "scheduled"}]
+    report = check_trace(steps_trace([*FIRST_STEP, *decode, {"op": "tick"}, *decode[:1], *decode[2:]]))
+    assert report.passed  # one step that stands still is the grace
+
+
+def test_a_request_that_preempts_itself_for_ever_is_live_progress_at_the_second_step() -> None:
+    report = check_trace(steps_trace([*FIRST_STEP, *SELF_PREEMPT, {"op": "tick"}, *SELF_PREEMPT, *SELF_PREEMPT]))
+    assert [v.id for v in report.violations] == ["LIVE-PROGRESS"]
+    assert report.line == 17 and "2 scheduling steps in a row" in report.violations[0].message
+    # without the step lines the same events are checked without the property
+    plain = [e for e in [*FIRST_STEP, *SELF_PREEMPT, *SELF_PREEMPT] if e["op"] not in ("schedule", "scheduled")]
+    assert check_trace(steps_trace(plain)).passed
+
+
+def test_an_event_between_steps_that_is_not_a_tick_or_a_submit_starts_the_count_again() -> None:
+    second = {"op": "submit", "request": 1, "tokens": [2, 2]}
+    between: list[dict[str, object]] = [second, {"op": "exit", "request": 1, "to": "aborted"}]
+    assert check_trace(steps_trace([*FIRST_STEP, *SELF_PREEMPT, *between, *SELF_PREEMPT])).passed
+    caught = check_trace(steps_trace([*FIRST_STEP, *SELF_PREEMPT, second, *SELF_PREEMPT]))
+    assert [v.id for v in caught.violations] == ["LIVE-PROGRESS"]
+
+
+def test_an_engine_that_leaves_a_request_that_fits_waiting_is_live_admit() -> None:
+    idle: list[dict[str, object]] = [{"op": "schedule"}, {"op": "scheduled"}]
+    report = check_trace(steps_trace([FIRST_STEP[0], *idle, {"op": "tick"}, *idle]))
+    assert [v.id for v in report.violations] == ["LIVE-ADMIT"] and report.line == 7
+    # with 2 of the 4 blocks reserved, r0 (3 blocks) does not fit: nothing is asked
+    assert check_trace(steps_trace([FIRST_STEP[0], *idle, *idle], reserve=2)).passed
+
+
+@pytest.mark.parametrize(("events", "head", "why"), [
+    ([{"op": "scheduled"}], {}, "line 2: schedule opens a scheduling step and scheduled closes it"),
+    ([{"op": "schedule"}, {"op": "schedule"}], {}, "line 3: schedule opens"),
+    ([], {"reserve": 4}, "line 1: reserve must be at least 0 and below gpu_blocks"),
+])
+def test_misplaced_step_lines_and_a_bad_reserve_are_format_errors(events: list[dict[str, object]],
+                                                                 head: dict[str, object], why: str) -> None:
+    with pytest.raises(TraceFormatError, match=why):
+        check_trace(steps_trace(events, **head))
+
+
+def test_step_lines_belong_to_scheduler_traces_only() -> None:
+    with pytest.raises(TraceFormatError, match="unknown op 'schedule' for a cache-level trace"):
+        check_trace([*trace(), json.dumps({"op": "schedule"})])
+
+
+def test_every_trace_here_is_a_line_of_the_documented_schema() -> None:
+    """docs/trace.md's JSON Schema admits the traces the reader reads (version 3 headers,
+    both levels, step lines)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "trace.md").read_text()
+    schema = json.loads(page.split("## JSON Schema", 1)[1].split("```json", 1)[1].split("```", 1)[0])
+    recorded = io.StringIO()
+    record(recorded, steps=200, seed=0)
+    traces = [read_lines(recorded.getvalue().splitlines()), scheduler_trace(), trace(GOOD),
+              steps_trace([*FIRST_STEP, *SELF_PREEMPT], reserve=1),
+              read_lines((root / "docs" / "examples" / "heap_drop.jsonl").read_text().splitlines())]
+    for lines in traces:
+        for line in lines:
+            jsonschema.validate(json.loads(line), schema)

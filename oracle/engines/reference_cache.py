@@ -54,7 +54,8 @@ def _transfer_blocks(cache: CacheManager) -> tuple[list[int], list[int], list[in
 
 
 def gpu_observation(c: CacheManager) -> Observation:
-    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnGpu | SwappingOut)]
+    every = c.tree.walk()
+    nodes = [n for n in every if isinstance(n.tier, OnGpu | SwappingOut)]
     block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu | SwappingOut)}
     reads, _, owned, _ = _transfer_blocks(c)
     tables = {f"r{r}": tuple(c.table(r)) for r in c.requests}
@@ -68,7 +69,7 @@ def gpu_observation(c: CacheManager) -> Observation:
         refcounts={block[n.hash]: n.refcount for n in nodes},
         counters={
             "gpu.num_free": (c.gpu.num_free, sum(c.gpu.is_free(b) for b in range(c.gpu.size))),
-            "gpu_evictable": (c.gpu_evictable, sum(c.is_gpu_evictable(n) for n in c.tree.walk())),
+            "gpu_evictable": (c.gpu_evictable, sum(map(c.is_gpu_evictable, every))),
         },
         pinned=frozenset(reads),
         in_flight=tuple(g for g in owned if g not in listed),  # a block a live request lists is its own
@@ -76,7 +77,8 @@ def gpu_observation(c: CacheManager) -> Observation:
 
 
 def cpu_observation(c: CacheManager) -> Observation:
-    nodes = [n for n in c.tree.walk() if isinstance(n.tier, OnCpu | SwappingIn)]
+    every = c.tree.walk()
+    nodes = [n for n in every if isinstance(n.tier, OnCpu | SwappingIn)]
     _, reads, _, owned = _transfer_blocks(c)
     return Observation(
         ids=range(c.cpu.size),
@@ -86,7 +88,7 @@ def cpu_observation(c: CacheManager) -> Observation:
         cached=frozenset(n.tier.cpu for n in nodes if isinstance(n.tier, OnCpu | SwappingIn)),
         counters={
             "cpu.num_free": (c.cpu.num_free, sum(c.cpu.is_free(b) for b in range(c.cpu.size))),
-            "cpu_evictable": (c.cpu_evictable, sum(c.is_cpu_evictable(n) for n in c.tree.walk())),
+            "cpu_evictable": (c.cpu_evictable, sum(map(c.is_cpu_evictable, every))),
         },
         pinned=frozenset(reads),
         in_flight=tuple(owned),

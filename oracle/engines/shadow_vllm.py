@@ -44,9 +44,10 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
 
-from kvoracle.oracle.engine import Observation
+from kvoracle.oracle.engine import Observation, scheduler_view
 from kvoracle.oracle.engines.vllm import VllmAdapter, manager_preamble
-from kvoracle.shadow import Invocation, ObserverBase
+from kvoracle.shadow import Invocation, ObserverBase, Progress
+from kvoracle.spec.state import blocks_for
 
 MANAGER = ("get_computed_blocks", "allocate_slots", "free", "pop_blocks_for_free", "remove_skipped_blocks",
            "cache_blocks", "evict_blocks", "reset_prefix_cache", "take_kv_cache_block_copies")
@@ -406,3 +407,79 @@ def _pool_of(block: Any) -> Any:
     """The pool a block came from (None: not noted); 0.34 notes it through a weak reference."""
     pool = getattr(block, "pool", None)
     return pool() if isinstance(pool, weakref.ref) else pool
+
+
+# --- the Scheduler: LIVE-ADMIT and LIVE-PROGRESS on each scheduling step -----------------------
+
+SCHEDULER = ("schedule", "add_request", "finish_requests", "update_from_output")
+KEEPS_PROGRESS = frozenset({"add_request", "update_from_output"})  # a new request; a step's results taken in
+QUEUED = frozenset({"WAITING", "PREEMPTED"})  # waiting for room alone: what LIVE-ADMIT may ask to admit
+REMOTE = "WAITING_FOR_REMOTE_KVS"  # waiting for room alone once its load has ended
+
+
+class VllmSchedulerObserver(ObserverBase):
+    """vLLM's Scheduler (0.33.0 .. 0.34.0) as a scheduler: each `schedule` call is one
+    scheduling step, judged by LIVE-ADMIT and LIVE-PROGRESS (`kvoracle.shadow`, Progress).
+
+        kvoracle.shadow.attach(scheduler, engine="vllm-scheduler")
+
+    It reports no blocks: its manager's observer ("vllm", attached to
+    `scheduler.kv_cache_manager`) checks those. What a step needs is known only for a
+    manager with one KV cache group (a hybrid model's groups each take blocks of their
+    own); with more, and while a request waits on something other than room (a grammar,
+    streamed input), nothing is asked. A request whose remote KV load has not ended, and
+    a finished request whose blocks are still held for sending, count as transfers in
+    flight; one whose load has ended waits for room like any other."""
+
+    engine = "vllm-scheduler"
+    classes = ("vllm.v1.core.sched.scheduler:Scheduler",)
+
+    def __init__(self, sched: object) -> None:
+        self.sched: Any = cast(Any, sched)
+        self.pool: Any = self.sched.kv_cache_manager.block_pool
+        self.block_size = int(self.sched.block_size)
+        self.one_group = len(self.sched.kv_cache_manager.coordinator.single_type_managers) == 1
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        return [("sched", self.sched, SCHEDULER)]
+
+    def ids(self) -> range:
+        return range(0)  # the blocks are the manager observer's
+
+    def observe(self) -> Observation:
+        return Observation(ids=range(0))
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        return frozenset()
+
+    def quiescent(self) -> bool:
+        return False  # LIVE-DRAIN is the manager observer's
+
+    def scheduling(self, call: Invocation) -> bool:
+        return call.method == "schedule"
+
+    def keeps_progress(self, call: Invocation) -> bool:
+        return call.method in KEEPS_PROGRESS
+
+    def progress(self) -> Progress:
+        sched = self.sched
+        waiting = [*sched.waiting, *getattr(sched, "skipped_waiting", ())]
+        running = {r.request_id: r for r in sched.running}
+        held = [r for r in sched.requests.values() if r.is_finished()]  # blocks kept for a send
+        ended = sched.finished_recving_kv_req_ids | sched.failed_recving_kv_req_ids
+        loading = [r for r in waiting if r.status.name == REMOTE and r.request_id not in ended]
+        free = tuple(b.block_id for b in self.pool.free_block_queue.get_all_free_blocks())
+        o = Observation(ids=range(1, int(self.pool.num_gpu_blocks)), free=free,
+                        waiting=frozenset(r.request_id for r in waiting),
+                        tokens={rid: int(r.num_computed_tokens) for rid, r in running.items()})
+        live = [rid for rid, r in sched.requests.items() if not r.is_finished()]
+        size = self.block_size
+
+        def need(r: Any) -> int:
+            return blocks_for(int(r.num_tokens) + 1, size)
+
+        ready = [r for r in waiting if r.status.name in QUEUED or (r.status.name == REMOTE and r.request_id in ended)]
+        needs = {r.request_id: need(r) for r in ready} if self.one_group else {}
+        growth = {rid: need(r) for rid, r in running.items()} if self.one_group else {}
+        return Progress(scheduler_view(o, None, live, size), needs, growth, int(self.pool.num_gpu_blocks) - 1,
+                        len(loading) + len(held))
