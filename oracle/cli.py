@@ -157,7 +157,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     if args.record:
-        record_trace(args.record, args.record_events, args.seed)
+        record_trace(args.record, args.record_events, args.seed, args.record_level)
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
@@ -462,12 +462,12 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     return 1
 
 
-def record_trace(path: str, events: int, seed: int) -> None:
-    from kvoracle.oracle.trace import record
+def record_trace(path: str, events: int, seed: int, level: str = "cache") -> None:
+    from kvoracle.oracle.trace import record, record_scheduler
 
     with open(path, "w", encoding="utf-8") as f:
-        n = record(f, steps=events, seed=seed)
-    print(f"recorded {n} events of the reference cache to {path}")
+        n = (record_scheduler if level == "scheduler" else record)(f, steps=events, seed=seed)
+    print(f"recorded {n} lines of the reference {level} to {path}")
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -557,8 +557,11 @@ def parser() -> argparse.ArgumentParser:
                    help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")
     c.add_argument("--coverage-report", metavar="FILE",
                    help="write coverage.py's report of the lines and branches the reference rows never take to FILE")
-    c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference cache to FILE")
+    c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference to FILE")
     c.add_argument("--record-events", type=int, default=500, help="events in the recorded trace (default 500)")
+    c.add_argument("--record-level", choices=("cache", "scheduler"), default="cache",
+                   help="the recorded trace's level (default cache): scheduler records the reference scheduler, "
+                        "each scheduling step between schedule and scheduled lines")
     c.set_defaults(func=cmd_check)
     t = sub.add_parser("check-trace", help="check a JSON Lines trace of an engine against the specification",
                        description="Replays each event of the trace as a spec action with the engine's choices, "

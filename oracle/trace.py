@@ -29,7 +29,11 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, TextIO, cast
 
 from kvoracle.kvcache.abstraction import abstract
+from kvoracle.kvcache.faults import FaultyCopier, FaultyStorage, ScriptedFaults
 from kvoracle.kvcache.manager import CacheManager
+from kvoracle.kvcache.storage import MemoryStorage
+from kvoracle.scheduler.request import WritePolicy
+from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec import actions, liveness, scheduler
 from kvoracle.spec.actions import (
     Allocate,
@@ -468,6 +472,76 @@ def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_block
         elif k == 5 and not live and cache.tree.size and rnd.random() < 0.2:
             cache.reset()
             emit({"op": "reset"})
+    return written
+
+
+def event_json(e: Event) -> Json:
+    """A scheduler-level event as its trace line (system_event reads it back)."""
+    if isinstance(e, Evict | Complete | Reset):
+        return ({"op": "evict", "steps": [step_json(x) for x in e.steps]} if isinstance(e, Evict) else
+                {"op": "complete", "transfer": e.transfer, "outcome": outcome_json(e.outcome)}
+                if isinstance(e, Complete) else {"op": "reset"})
+    if isinstance(e, Tick):
+        return {"op": "tick", "ticks": e.ticks}
+    line: Json = {"op": type(e).__name__.lower(), "request": e.request}
+    if isinstance(e, Submit):
+        line["tokens"] = list(e.tokens)
+    elif isinstance(e, Admit):
+        line.update(swap_dests=list(e.swap_dests), prefetch_dests=list(e.prefetch_dests))
+    elif isinstance(e, Prefill):
+        line.update(tokens=e.tokens, blocks=list(e.blocks))
+    elif isinstance(e, Decode):
+        line.update(token=e.token, blocks=list(e.blocks))
+    elif isinstance(e, Insert):
+        line["blocks"] = e.blocks
+    else:
+        line.update(to=e.to.value, writes=[list(w) for w in e.writes])
+    return line
+
+
+def record_scheduler(out: TextIO, *, steps: int, seed: int, scheduler_class: type[ResourceManager] = ResourceManager,
+                     gpu_blocks: int = 8, cpu_blocks: int = 3) -> int:
+    """Drive the reference scheduler (or a subclass: a mutant) with a seeded random
+    workload and write its scheduler-level trace, each `schedule()` between a `schedule`
+    and a `scheduled` line, until at least `steps` lines follow the header (returned)."""
+    rnd, plan, block_size, timeout = random.Random(seed), ScriptedFaults(), 2, 4
+    rm = scheduler_class(CacheManager(gpu_blocks, cpu_blocks), FaultyStorage(MemoryStorage(), plan),
+                         FaultyCopier(plan), block_size=block_size, write_policy=WritePolicy.ON_FINISH_AND_PREEMPT,
+                         timeout=timeout)
+    out.write(json.dumps({"format": FORMAT, "version": VERSION, "level": "scheduler", "gpu_blocks": gpu_blocks,
+                          "cpu_blocks": cpu_blocks, "block_size": block_size, "timeout": timeout}) + "\n")
+    prompts = [(1, 1, 2, 2), (1, 1, 2, 2, 3, 3), (2, 2, 1, 1), (1, 1, 3)]
+    written, next_r = 0, 0
+
+    def emit(*lines: Json) -> None:
+        nonlocal written
+        for line in [*lines[:1], *map(event_json, rm.events), *lines[1:]]:
+            out.write(json.dumps(line) + "\n")
+            written += 1
+        rm.events.clear()
+
+    while written < steps:
+        k, live = rnd.randrange(8), [*rm.running, *rm.waiting]
+        if k == 0 and len(live) < 4:
+            rm.submit(RequestId(next_r), prompts[rnd.randrange(len(prompts))])
+            next_r += 1
+            emit()
+        elif k in (1, 2, 3):
+            rm.schedule()
+            emit({"op": "schedule"}, {"op": "scheduled"})
+        elif k == 4 and rm.running:
+            rm.finish([rnd.choice(rm.running)])
+            emit()
+        elif k == 5 and live:
+            rm.abort(rnd.choice(live))
+            emit()
+        elif k == 6 and rm.running:
+            rm.preempt(rnd.choice(rm.running))
+            emit()
+        elif k == 7:
+            ticks = rnd.randint(1, 2)
+            rm.tick(ticks)
+            emit({"op": "tick", "ticks": ticks})
     return written
 
 

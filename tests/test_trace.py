@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvoracle.oracle.cli import main
-from kvoracle.oracle.trace import TraceFormatError, check_trace, read_lines, record
+from kvoracle.oracle.mutants import SelfPreempt, StarvingAdmit
+from kvoracle.oracle.trace import TraceFormatError, check_trace, read_lines, record, record_scheduler
+from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.hashing import block_hashes
 
 H1, H2 = block_hashes([1, 1, 2, 2], 2)
@@ -223,11 +225,40 @@ def test_every_trace_here_is_a_line_of_the_documented_schema() -> None:
     root = Path(__file__).resolve().parents[1]
     page = (root / "docs" / "trace.md").read_text()
     schema = json.loads(page.split("## JSON Schema", 1)[1].split("```json", 1)[1].split("```", 1)[0])
-    recorded = io.StringIO()
+    recorded, scheduled = io.StringIO(), io.StringIO()
     record(recorded, steps=200, seed=0)
-    traces = [read_lines(recorded.getvalue().splitlines()), scheduler_trace(), trace(GOOD),
+    record_scheduler(scheduled, steps=200, seed=0)
+    traces = [read_lines(recorded.getvalue().splitlines()), read_lines(scheduled.getvalue().splitlines()),
+              scheduler_trace(), trace(GOOD),
               steps_trace([*FIRST_STEP, *SELF_PREEMPT], reserve=1),
               read_lines((root / "docs" / "examples" / "heap_drop.jsonl").read_text().splitlines())]
     for lines in traces:
         for line in lines:
             jsonschema.validate(json.loads(line), schema)
+
+
+def recorded_scheduler(scheduler_class: type[ResourceManager], seed: int, steps: int = 400) -> list[str]:
+    out = io.StringIO()
+    assert record_scheduler(out, steps=steps, seed=seed, scheduler_class=scheduler_class) >= steps
+    return read_lines(out.getvalue().splitlines())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_reference_schedulers_recorded_trace_passes(seed: int) -> None:
+    lines = recorded_scheduler(ResourceManager, seed)
+    ops = {json.loads(line).get("op") for line in lines[1:]}
+    assert {"schedule", "scheduled", "submit", "admit", "prefill", "decode", "exit", "tick"} <= ops
+    assert check_trace(lines).passed
+
+
+@pytest.mark.parametrize(("scheduler_class", "expected"), [(SelfPreempt, "LIVE-PROGRESS"),
+                                                           (StarvingAdmit, "LIVE-ADMIT")])
+def test_a_scheduler_mutants_recorded_trace_fails_with_the_machines_id(
+        scheduler_class: type[ResourceManager], expected: str) -> None:
+    """The trace checker judges the same definition as the scheduler machine: the
+    mutant that makes a request preempt itself for ever (bug class 14), and the one that
+    leaves a request that needs every free block waiting (class 13), recorded as an engine
+    would write them."""
+    report = check_trace(recorded_scheduler(scheduler_class, 0, steps=1000))
+    assert [v.id for v in report.violations] == [expected]
+    assert json.loads(report.prefix[-1]) == {"op": "scheduled"}

@@ -427,12 +427,13 @@ class VllmSchedulerObserver(ObserverBase):
     `scheduler.kv_cache_manager`) checks those. What a step needs is known only for a
     manager with one KV cache group (a hybrid model's groups each take blocks of their
     own); with more, and while a request waits on something other than room (a grammar,
-    streamed input), nothing is asked. A request whose remote KV load has not ended, and
-    a finished request whose blocks are still held for sending, count as transfers in
-    flight; one whose load has ended waits for room like any other."""
+    streamed input), nothing is asked. A request whose remote KV load has not ended, a
+    finished request whose blocks are still held for sending, and blocks referenced
+    outside every table count as transfers in flight; a request whose load has ended
+    waits for room like any other."""
 
     engine = "vllm-scheduler"
-    classes = ("vllm.v1.core.sched.scheduler:Scheduler",)
+    classes = ("vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.sched.async_scheduler:AsyncScheduler")
 
     def __init__(self, sched: object) -> None:
         self.sched: Any = cast(Any, sched)
@@ -482,4 +483,12 @@ class VllmSchedulerObserver(ObserverBase):
         needs = {r.request_id: need(r) for r in ready} if self.one_group else {}
         growth = {rid: need(r) for rid, r in running.items()} if self.one_group else {}
         return Progress(scheduler_view(o, None, live, size), needs, growth, int(self.pool.num_gpu_blocks) - 1,
-                        len(loading) + len(held))
+                        len(loading) + len(held) + self._held_outside(len(free)))
+
+    def _held_outside(self, free: int) -> int:
+        """1 when a block is referenced and no request's table lists it (a deferred free,
+        a connector holding blocks for its transfer, or a leak, which the manager's
+        observer names), else 0: something the engine waits for is in flight."""
+        tables = self.sched.kv_cache_manager.coordinator.single_type_managers
+        listed = {b.block_id for m in tables for blocks in m.req_to_blocks.values() for b in blocks if not b.is_null}
+        return int(int(self.pool.num_gpu_blocks) - 1 - free > len(listed))
