@@ -1080,25 +1080,40 @@ def _parse_env(value: str) -> tuple[str, Mode]:
     engine, _, rest = value.partition(",")
     flags = {f.strip() for f in rest.split(",") if f.strip()}
     unknown = flags - {"report", "raise"}
-    if unknown or not engine.strip():
-        raise ValueError(f"{ENV}={value!r}: want ENGINE[,report]")
+    if unknown or not all(_engines(engine)):
+        raise ValueError(f"{ENV}={value!r}: want ENGINE[+ENGINE...][,report]")
     return engine.strip(), "record" if "report" in flags else "raise"
 
 
+def _engines(engines: str) -> list[str]:
+    """The observers a `+`-joined list names (vllm+vllm-scheduler: the blocks and the steps)."""
+    return [e.strip() for e in engines.split("+")]
+
+
+def install_all(engines: str, mode: Mode, history: int = 20, interval: int = 1,
+                report_dir: str | Path | None = None) -> tuple[Tally, list[_Install], str]:
+    """`install` each observer of a `+`-joined list, sharing one tally; with the installs
+    and a name for the summary."""
+    names = _engines(engines)
+    tally = install(names[0], mode=mode, history=history, interval=interval, report_dir=report_dir)
+    for engine in names[1:]:
+        install(engine, mode=mode, history=history, interval=interval, report_dir=report_dir, tally=tally)
+    insts = [_installs[engine_spec(e)] for e in names]
+    return tally, insts, "+".join(str(getattr(observer_class(e), "engine", e)) for e in names)
+
+
 def install_from_env(environ: Mapping[str, str] | None = None) -> Tally | None:
-    """`KVORACLE_SHADOW=ENGINE[,report]`: install for this process; audit and print the
-    summary to stderr at exit."""
+    """`KVORACLE_SHADOW=ENGINE[+ENGINE...][,report]`: install for this process; audit and
+    print the summary to stderr at exit."""
     value = (environ if environ is not None else os.environ).get(ENV, "")
     if not value:
         return None
-    engine, mode = _parse_env(value)
-    tally = install(engine, mode=mode)
-    inst = _installs[engine_spec(engine)]
-
-    name = str(getattr(observer_class(engine), "engine", engine))
+    engines, mode = _parse_env(value)
+    tally, insts, name = install_all(engines, mode=mode)
 
     def at_exit() -> None:
-        inst.audit()
+        for inst in insts:
+            inst.audit()
         print(tally.summary(name), file=sys.stderr)
 
     atexit.register(at_exit)
@@ -1120,7 +1135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[ENV] = a.engine + (",report" if a.report else "")
     if not os.environ.get(ENV):
         p.error(f"name the engine: --engine or {ENV}")
-    if not any(i.engine == _parse_env(os.environ[ENV])[0] for i in _installs.values()):
+    first = _engines(_parse_env(os.environ[ENV])[0])[0]
+    if not any(i.engine == engine_spec(first) for i in _installs.values()):
         install_from_env()
     if a.module:
         sys.argv = [a.module, *a.rest]
@@ -1140,7 +1156,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvoracle-shadow", "kvoracle shadow mode: check every engine object the tests create")
     group.addoption("--kvoracle-shadow", metavar="ENGINE", default=None,
                     help=f"attach to every engine object of ENGINE ({', '.join(ENGINES)}, MODULE:CLASS or "
-                         f"FILE.py:CLASS of an observer)")
+                         f"FILE.py:CLASS of an observer; several joined by +, e.g. vllm+vllm-scheduler)")
     group.addoption("--kvoracle-shadow-report", action="store_true",
                     help="only report alarms: do not fail the session")
     group.addoption("--kvoracle-shadow-history", type=int, default=10, metavar="N",
@@ -1161,11 +1177,13 @@ class _Plugin:
     def __init__(self, config: pytest.Config, engine: str) -> None:
         self.engine = engine
         self.report_only = bool(config.getoption("kvoracle_shadow_report"))
-        self.tally = install(engine, mode="record", history=config.getoption("kvoracle_shadow_history"),
-                             interval=config.getoption("kvoracle_shadow_interval"),
-                             report_dir=config.getoption("kvoracle_shadow_dir"))
-        self.inst = _installs[engine_spec(engine)]
-        self.name = str(getattr(observer_class(engine), "engine", engine))
+        self.tally, self.insts, self.name = install_all(
+            engine, mode="record", history=config.getoption("kvoracle_shadow_history"),
+            interval=config.getoption("kvoracle_shadow_interval"), report_dir=config.getoption("kvoracle_shadow_dir"))
+
+    def audit(self) -> None:
+        for inst in self.insts:
+            inst.audit()
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         global _context
@@ -1174,11 +1192,11 @@ class _Plugin:
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         global _context
         _context = nodeid
-        self.inst.audit()  # the full audit at the end of each test, of what it created
+        self.audit()  # the full audit at the end of each test, of what it created
         _context = ""
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.inst.audit()
+        self.audit()
         if self.tally.alarms and not self.report_only:
             import pytest
 
@@ -1192,7 +1210,8 @@ class _Plugin:
             terminalreporter.write_line("the session fails on these alarms (--kvoracle-shadow-report: only report)")
 
     def pytest_unconfigure(self) -> None:
-        uninstall(self.engine)
+        for engine in _engines(self.engine):
+            uninstall(engine)
 
 
 if os.environ.get(ENV) and __name__ != "__main__":

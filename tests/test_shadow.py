@@ -310,8 +310,11 @@ def test_summaries_are_short_and_never_consume() -> None:
 def test_env_value_is_parsed() -> None:
     assert shadow._parse_env("vllm") == ("vllm", "raise")
     assert shadow._parse_env("sglang,report") == ("sglang", "record")
-    with pytest.raises(ValueError):
-        shadow._parse_env("vllm,loud")
+    assert shadow._parse_env("vllm+vllm-scheduler,report") == ("vllm+vllm-scheduler", "record")
+    assert shadow._engines("vllm+vllm-scheduler") == ["vllm", "vllm-scheduler"]
+    for bad in ("vllm,loud", "vllm+,report", "+vllm"):
+        with pytest.raises(ValueError, match="want ENGINE"):
+            shadow._parse_env(bad)
 
 
 # --- the pytest plugin and the environment variable -----------------------------------

@@ -330,3 +330,46 @@ def test_plugin_checks_every_manager_a_test_file_builds(pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(["*2 engine object(s)*", "alarms by ID: *INV-NO-UAF 1*",
                                  "INV-NO-UAF: request x lists GPU block *, which is on the free list",
                                  "*test_engine.py::test_misuse)", "*pool.free_blocks*"])
+
+
+SCHEDULER_TESTS = """
+from kvoracle.oracle.engines.vllm import SCHEDULER_PREAMBLE
+
+
+def run(stall_after=None):
+    ns = {}
+    exec(SCHEDULER_PREAMBLE, ns)
+    sched = ns["sched"]
+    for i in range(2):
+        sched.add_request(ns["request"](f"q{i}", [i + 1] * 9))
+    for k in range(6):
+        if k == stall_after:
+            sched.max_num_scheduled_tokens = 0  # the planted livelock
+        ns["step"]()
+
+
+def test_steps():
+    run()
+
+
+def test_stall():
+    run(stall_after=3)
+"""
+
+
+def test_plugin_with_both_observers_checks_blocks_and_steps(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """`--kvoracle-shadow vllm+vllm-scheduler`: the manager's blocks and the scheduler's
+    steps, in one tally."""
+    scheduler(7, False)  # vLLM's scheduler modules imported here: an in-process run drops what it imports
+    pytester.makepyfile(test_sched=SCHEDULER_TESTS)
+    args = ("-p", "kvoracle.shadow", "--kvoracle-shadow", "vllm+vllm-scheduler", "--kvoracle-shadow-dir",
+            str(tmp_path), "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result = pytester.runpytest_inprocess(*args, "-k", "test_steps")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*kvoracle shadow (vllm+vllm-scheduler): 2 engine object(s)*, 6 scheduling steps, "
+                                 "0 alarm(s)"])
+    result = pytester.runpytest_inprocess(*args)
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["alarms by ID: LIVE-PROGRESS 2",
+                                 "LIVE-PROGRESS: 2 scheduling steps in a row made no progress: q0 *"])
