@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _MISSING = object()
 MAX_ALARMS = 1000  # kept per tally (serving runs long: the count by ID goes on)
+# scheduling steps of a streak kept: enough to judge the next (one streak is reported once)
+KEPT_STEPS = max(liveness.ADMIT_GRACE, liveness.PROGRESS_GRACE) + 1
 ENV = "KVORACLE_SHADOW"  # ENGINE[,report]
 ENV_DIR = "KVORACLE_SHADOW_DIR"  # where reproduction files go
 Mode = Literal["raise", "record"]
@@ -498,6 +500,7 @@ class Shadow:
         self._seen_views: dict[range, View] = {}  # this call's incremental views, by range
         self.streak = liveness.Streak()  # the latest scheduling steps in a row that stalled, stood still
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed
+        self._streaking: set[str] = set()  # the IDs the current streak broke (reported once per streak)
         self._local = threading.local()
         self._wrapped: list[tuple[object, str, object]] = []  # (object, name, what was there)
         self._rebuild = self._safely(observer.reproduction, None)
@@ -691,12 +694,18 @@ class Shadow:
         if before is None:
             keeps = getattr(self.observer, "keeps_progress", lambda _: True)(call)
             self.streak = liveness.between(self.streak, keeps, bool(now.view.computed))
+            self._streaking &= {v.id for v in liveness.streak_violations(self.streak)}
             return None
         self._count("steps")
         self.streak = liveness.scheduled(self.streak, before.view, now.view, before.needs, before.growth,
                                          before.room, (before.in_flight, now.in_flight), self.furthest)
         self._furthest(now.view)
-        return liveness.streak_violations(self.streak)
+        found = liveness.streak_violations(self.streak)
+        new = [v for v in found if v.id not in self._streaking]
+        self._streaking = {v.id for v in found}
+        # a livelock may last as long as the engine serves: keep what judging the next step needs
+        self.streak = liveness.Streak(self.streak.stalls[-KEPT_STEPS:], self.streak.standstills[-KEPT_STEPS:])
+        return new
 
     def _furthest(self, view: View) -> None:
         for r, n in (view.computed or {}).items():

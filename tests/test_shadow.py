@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 from kvoracle import shadow
-from kvoracle.oracle.engine import Observation
+from kvoracle.oracle.engine import Observation, scheduler_view
 from kvoracle.shadow import Invocation, ObserverBase, ShadowAlarm, attach, restrict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,3 +373,83 @@ def test_environment_variable_attaches_in_a_process_we_do_not_write(tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "served" not in done.stdout
+
+
+# --- a scheduler's steps ------------------------------------------------------------------------
+
+
+class ToyScheduler:
+    """Runs one request of `tokens` tokens on 4 GPU blocks of 2 tokens; `stuck` steps compute nothing."""
+
+    def __init__(self) -> None:
+        self.computed: dict[str, int] = {}
+        self.stuck = False
+
+    def add(self, rid: str) -> None:
+        self.computed[rid] = 0
+
+    def schedule(self) -> None:
+        if not self.stuck:
+            for rid in self.computed:
+                self.computed[rid] += 1
+
+    def finish(self, rid: str) -> None:
+        del self.computed[rid]
+
+
+class ToySchedulerObserver(ObserverBase):
+    engine = "toy-scheduler"
+
+    def __init__(self, sched: ToyScheduler) -> None:
+        self.sched = sched
+
+    def targets(self) -> Sequence[tuple[str, object, Sequence[str]]]:
+        return [("sched", self.sched, ("add", "schedule", "finish"))]
+
+    def observe(self) -> Observation:
+        return Observation(ids=range(0))
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        return frozenset()
+
+    def scheduling(self, call: Invocation) -> bool:
+        return call.method == "schedule"
+
+    def keeps_progress(self, call: Invocation) -> bool:
+        return call.method == "add"
+
+    def progress(self) -> shadow.Progress:
+        live = list(self.sched.computed)
+        o = Observation(ids=range(4), free=(3,), waiting=frozenset(), tokens=dict(self.sched.computed))
+        return shadow.Progress(scheduler_view(o, None, live, 2), {}, {r: 2 for r in live}, 4, 0)
+
+
+def test_a_livelock_is_reported_once_per_streak_and_its_record_stays_bounded() -> None:
+    sched = ToyScheduler()
+    s = attach(sched, ToySchedulerObserver, mode="record")
+    sched.add("r0")
+    sched.schedule()
+    sched.stuck = True
+    for _ in range(50):
+        sched.schedule()
+    assert [a.id for a in s.alarms] == ["LIVE-PROGRESS"] and s.tally.steps == 51
+    assert len(s.streak.standstills) <= shadow.KEPT_STEPS
+    sched.add("r1")  # a new request keeps the streak going: no second report
+    sched.schedule()
+    assert len(s.alarms) == 1
+    sched.finish("r1")  # an exit from outside starts the count again
+    sched.schedule()
+    assert len(s.alarms) == 1
+    sched.stuck = False
+    sched.schedule()  # r0 computes a token: the streak ends
+    sched.stuck = True
+    sched.schedule()
+    sched.schedule()  # the next streak is reported
+    assert [a.id for a in s.alarms] == ["LIVE-PROGRESS", "LIVE-PROGRESS"] and "r0 (2 tokens" in s.alarms[1].message
+    with pytest.raises(ShadowAlarm, match="LIVE-PROGRESS: 2 scheduling steps in a row"):
+        raising = attach(ToyScheduler(), ToySchedulerObserver)
+        toy = cast(ToyScheduler, raising.observer.sched)  # type: ignore[attr-defined]
+        toy.add("q")
+        toy.stuck = True
+        toy.schedule()
+        toy.schedule()
