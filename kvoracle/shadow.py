@@ -1135,7 +1135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import runpy
 
     p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", description=main.__doc__)
-    p.add_argument("--engine", help=f"the observer (default: ${ENV}); one of {', '.join(ENGINES)} or MODULE:CLASS")
+    p.add_argument("--engine", help=f"the observer (default: ${ENV}); one of {', '.join(ENGINES)} or MODULE:CLASS; "
+                                    "several joined by + (vllm+vllm-scheduler)")
     p.add_argument("--report", action="store_true", help="record alarms and go on (default: raise)")
     p.add_argument("-m", dest="module", help="run a module as __main__")
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -157,7 +157,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     if args.record:
-        record_trace(args.record, args.record_events, args.seed, args.record_level)
+        record_trace(args.record, args.record_events, args.seed, args.record_level, args.mutant)
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
@@ -462,12 +462,31 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     return 1
 
 
-def record_trace(path: str, events: int, seed: int, level: str = "cache") -> None:
+def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant: str | None = None) -> None:
+    """Record a trace of the reference at `level`, or of `mutant` (the same workload) when named."""
+    from kvoracle.kvcache.manager import CacheManager
+    from kvoracle.oracle.mutants import MUTANTS
     from kvoracle.oracle.trace import record, record_scheduler
+    from kvoracle.scheduler.resource_manager import ResourceManager
 
+    chosen = next((m for m in MUTANTS if m.name == mutant), None)
+    what = f"the reference {level}" if chosen is None else f"mutant {mutant}"
+    if chosen is not None and chosen.level != level:
+        print(f"kvoracle check: not recorded: {mutant} is a {chosen.level}-level mutant "
+              f"(--record-level {chosen.level})", file=sys.stderr)
+        return
+    cache_class = CacheManager if chosen is None else chosen.cache_class
+    scheduler = (chosen.scheduler_class if chosen is not None else None) or ResourceManager
     with open(path, "w", encoding="utf-8") as f:
-        n = (record_scheduler if level == "scheduler" else record)(f, steps=events, seed=seed)
-    print(f"recorded {n} lines of the reference {level} to {path}")
+        try:
+            if level == "scheduler":
+                n = record_scheduler(f, steps=events, seed=seed, scheduler_class=scheduler, cache_class=cache_class)
+            else:
+                n = record(f, steps=events, seed=seed, cache_class=cache_class)
+        except Exception as e:  # noqa: BLE001 - a mutant may raise: the trace ends at its last whole call
+            print(f"recorded {what} to {path} until it raised {e!r}")
+            return
+    print(f"recorded {n} lines of {what} to {path}")
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -557,8 +576,10 @@ def parser() -> argparse.ArgumentParser:
                    help="do not measure the branch coverage of kvcache/ and scheduler/ by the reference rows")
     c.add_argument("--coverage-report", metavar="FILE",
                    help="write coverage.py's report of the lines and branches the reference rows never take to FILE")
-    c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference to FILE")
-    c.add_argument("--record-events", type=int, default=500, help="events in the recorded trace (default 500)")
+    c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference (of the "
+                                                    "--mutant, when one is named) to FILE")
+    c.add_argument("--record-events", type=int, default=500,
+                   help="events in the recorded trace: at least this many (default 500)")
     c.add_argument("--record-level", choices=("cache", "scheduler"), default="cache",
                    help="the recorded trace's level (default cache): scheduler records the reference scheduler, "
                         "each scheduling step between schedule and scheduled lines")
@@ -611,9 +632,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that went away shows here, not at exit
     except ClusterUnavailable as e:
         print(f"kvoracle {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`kvoracle ... | head`): no traceback, no more output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 2  # the run did not finish saying what it found
     return code
 
 

@@ -97,15 +97,22 @@ class TraceReport:
 # --- decoding -----------------------------------------------------------------------------------
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # JSON's true is no count
+
+
 def _ints(x: object, line: int, what: str) -> list[int]:
-    if not isinstance(x, list) or not all(isinstance(v, int) for v in x):
+    if not isinstance(x, list) or not all(map(_is_int, x)):
         raise TraceFormatError(line, f"{what} must be a list of integers")
     return cast(list[int], x)
 
 
-def _int(x: object, line: int, what: str) -> int:
-    if not isinstance(x, int):
+def _int(x: object, line: int, what: str, least: int | None = None) -> int:
+    if not _is_int(x):
         raise TraceFormatError(line, f"{what} must be an integer")
+    assert isinstance(x, int)
+    if least is not None and x < least:
+        raise TraceFormatError(line, f"{what} must be at least {least}, not {x}")
     return x
 
 
@@ -113,7 +120,7 @@ def outcome_of(x: object, line: int) -> Outcome:
     simple: dict[object, Outcome] = {"ok": Ok(), "error": Error(), "timeout": Timeout()}
     if isinstance(x, str) and x in simple:
         return simple[x]
-    if isinstance(x, list) and len(x) == 2 and x[0] == "partial" and isinstance(x[1], int):
+    if isinstance(x, list) and len(x) == 2 and x[0] == "partial" and _is_int(x[1]) and x[1] >= 0:
         return Partial(x[1])
     raise TraceFormatError(line, f"unknown outcome {x!r} (ok, error, timeout or [\"partial\", k])")
 
@@ -197,7 +204,7 @@ def system_event(ev: Json, line: int) -> Event:
     if shared is not None:
         return shared
     if op == "tick":
-        return Tick(_int(ev.get("ticks", 1), line, "ticks"))
+        return Tick(_int(ev.get("ticks", 1), line, "ticks", least=0))
     r = RequestId(_int(ev.get("request", -1), line, "request"))
     if op == "submit":
         return Submit(r, tuple(_ints(ev.get("tokens"), line, "tokens")))
@@ -235,6 +242,8 @@ def observed(s: CacheState, obs: object, line: int) -> View:
             raise TraceFormatError(line, "refcounts must map node hashes (as strings) to counts")
         nodes = dict(s.nodes)
         for k, v in refs.items():
+            if not (isinstance(k, str) and k.isdigit()):
+                raise TraceFormatError(line, f"refcounts are keyed by node hashes in decimal, not {k!r}")
             h = BlockHash(int(k))
             if h in nodes:
                 nodes[h] = replace(nodes[h], refcount=_int(v, line, "refcount"))
@@ -272,16 +281,20 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
     version = head.get("version")
     if head.get("format") != FORMAT or version not in (1, 2, VERSION):
         raise TraceFormatError(1, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
-    gpu, cpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks"), _int(head.get("cpu_blocks"), 1, "cpu_blocks")
+    gpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks", least=0)
+    cpu = _int(head.get("cpu_blocks"), 1, "cpu_blocks", least=0)
     if head.get("level", "cache") == "scheduler":
+        if version == 1:
+            raise TraceFormatError(1, "version 1 had no scheduler level: a scheduler-level trace is version 3")
         if version != VERSION:  # its hashes were spec's, and spec's block hashes changed in version 3
             raise TraceFormatError(1, f"a scheduler-level trace of version {version} names blocks by the "
                                       f"earlier block hash; record it again with this kvoracle (version {VERSION})")
-        reserve = _int(head.get("reserve", 0), 1, "reserve")
-        if not 0 <= reserve < gpu:
-            raise TraceFormatError(1, f"reserve must be at least 0 and below gpu_blocks ({gpu}), not {reserve}")
-        return _replay_system(lines, initial_system(gpu, cpu, _int(head.get("block_size"), 1, "block_size"),
-                                                    _int(head.get("timeout"), 1, "timeout")), reserve)
+        reserve = _int(head.get("reserve", 0), 1, "reserve", least=0)
+        if reserve and reserve >= gpu:
+            raise TraceFormatError(1, f"reserve must be below gpu_blocks ({gpu}), not {reserve}")
+        size = _int(head.get("block_size"), 1, "block_size", least=1)
+        return _replay_system(lines, initial_system(gpu, cpu, size, _int(head.get("timeout"), 1, "timeout", least=1)),
+                              reserve)
     return _replay_cache(lines, initial(gpu, cpu))
 
 
@@ -351,6 +364,9 @@ def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
         if ev.get("op") in SCHEDULING:
+            if len(ev) > 1:
+                extra = sorted(set(ev) - {"op"})
+                raise TraceFormatError(n, f"a {ev['op']} line carries nothing but its op, not {extra}")
             found = steps.mark(ev.get("op"), s, before, n)
             if found:
                 return TraceReport(n - 1, found, n, list(lines[:n]))
@@ -421,10 +437,12 @@ def header(gpu_blocks: int, cpu_blocks: int) -> str:
                        "gpu_blocks": gpu_blocks, "cpu_blocks": cpu_blocks})
 
 
-def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_blocks: int = 3) -> int:
-    """Drive the reference cache with a seeded random workload and write its trace."""
+def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_blocks: int = 3,
+           cache_class: type[CacheManager] = CacheManager) -> int:
+    """Drive the reference cache (or a subclass: a mutant) with a seeded random workload
+    and write its trace, until at least `steps` events are written (returned)."""
     rnd = random.Random(seed)
-    cache = CacheManager(gpu_blocks, cpu_blocks)
+    cache = cache_class(gpu_blocks, cpu_blocks)
     prompts = [block_hashes(p, 2) for p in ((1, 1, 2, 2), (1, 1, 2, 1), (2, 2, 1, 1), (1, 1))]
     live: dict[RequestId, tuple[BlockHash, ...]] = {}
     out.write(header(gpu_blocks, cpu_blocks) + "\n")
@@ -500,12 +518,12 @@ def event_json(e: Event) -> Json:
 
 
 def record_scheduler(out: TextIO, *, steps: int, seed: int, scheduler_class: type[ResourceManager] = ResourceManager,
-                     gpu_blocks: int = 8, cpu_blocks: int = 3) -> int:
+                     cache_class: type[CacheManager] = CacheManager, gpu_blocks: int = 8, cpu_blocks: int = 3) -> int:
     """Drive the reference scheduler (or a subclass: a mutant) with a seeded random
     workload and write its scheduler-level trace, each `schedule()` between a `schedule`
     and a `scheduled` line, until at least `steps` lines follow the header (returned)."""
     rnd, plan, block_size, timeout = random.Random(seed), ScriptedFaults(), 2, 4
-    rm = scheduler_class(CacheManager(gpu_blocks, cpu_blocks), FaultyStorage(MemoryStorage(), plan),
+    rm = scheduler_class(cache_class(gpu_blocks, cpu_blocks), FaultyStorage(MemoryStorage(), plan),
                          FaultyCopier(plan), block_size=block_size, write_policy=WritePolicy.ON_FINISH_AND_PREEMPT,
                          timeout=timeout)
     out.write(json.dumps({"format": FORMAT, "version": VERSION, "level": "scheduler", "gpu_blocks": gpu_blocks,

@@ -92,6 +92,9 @@ def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str
     ("not json", "not JSON"),
     (json.dumps({"op": "fly"}), "unknown op"),
     (json.dumps({"op": "complete", "transfer": 0, "outcome": "maybe"}), "unknown outcome"),
+    (json.dumps({"op": "complete", "transfer": 0, "outcome": ["partial", -1]}), "unknown outcome"),
+    (json.dumps({"op": "release", "request": True}), "request must be an integer"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"0x5": 1}}}), "decimal"),
 ])
 def test_malformed_lines_name_their_line(text: str, why: str) -> None:
     with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
@@ -205,7 +208,11 @@ def test_an_engine_that_leaves_a_request_that_fits_waiting_is_live_admit() -> No
 @pytest.mark.parametrize(("events", "head", "why"), [
     ([{"op": "scheduled"}], {}, "line 2: schedule opens a scheduling step and scheduled closes it"),
     ([{"op": "schedule"}, {"op": "schedule"}], {}, "line 3: schedule opens"),
-    ([], {"reserve": 4}, "line 1: reserve must be at least 0 and below gpu_blocks"),
+    ([], {"reserve": 4}, "line 1: reserve must be below gpu_blocks"),
+    ([], {"reserve": -1}, "line 1: reserve must be at least 0"),
+    ([], {"block_size": 0}, "line 1: block_size must be at least 1"),
+    ([{"op": "schedule", "observe": {"gpu_free": [0]}}], {}, "line 2: a schedule line carries nothing but its op"),
+    ([{"op": "tick", "ticks": -1}], {}, "line 2: ticks must be at least 0"),
 ])
 def test_misplaced_step_lines_and_a_bad_reserve_are_format_errors(events: list[dict[str, object]],
                                                                  head: dict[str, object], why: str) -> None:
