@@ -76,8 +76,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _MISSING = object()
 MAX_ALARMS = 1000  # kept per tally (serving runs long: the count by ID goes on)
-# scheduling steps of a streak kept: enough to judge the next (one streak is reported once)
-KEPT_STEPS = max(liveness.ADMIT_GRACE, liveness.PROGRESS_GRACE) + 1
 ENV = "KVORACLE_SHADOW"  # ENGINE[,report]
 ENV_DIR = "KVORACLE_SHADOW_DIR"  # where reproduction files go
 Mode = Literal["raise", "record"]
@@ -263,7 +261,8 @@ class Observer(Protocol):
     def keeps_progress(self, call: Invocation) -> bool:
         """Whether a call between scheduling steps leaves LIVE-PROGRESS's count going (it
         lets time pass, adds a request, or takes in a step's results); any other (an exit
-        from outside, an eviction) starts it again (spec.liveness.between)."""
+        from outside, an eviction) starts it again (spec.liveness.between). ObserverBase
+        says no for every call: never an alarm that a call it does not know could explain."""
         ...
 
 
@@ -334,7 +333,7 @@ class ObserverBase:
         return False
 
     def keeps_progress(self, call: Invocation) -> bool:
-        return True
+        return False
 
 
 def restrict(o: Observation, ids: range) -> Observation:
@@ -666,21 +665,17 @@ class Shadow:
                 for b, a in zip(before, after):
                     found += liveness.live_exit(b, a, request)
                 how = how or "exit"
-        stepped = self._steps(call, noted.step)
+        stepped = self._safely(self._steps, None, call, noted.step)
         if stepped is not None:
             found, how = found + stepped, how or "step"
         if how:
             self._count("checked")
         return self._alarms(found, entry, how or "full", blocks or frozenset())
 
-    def _progress(self) -> Progress | None:
-        see = getattr(self.observer, "progress", None)  # optional: an observer of the Protocol may lack it
-        return None if see is None else cast(Progress | None, see())
-
     def _step_before(self, call: Invocation) -> Progress | None:
-        if not getattr(self.observer, "scheduling", lambda _: False)(call):
+        if not self.observer.scheduling(call):
             return None
-        now = self._progress()
+        now = self.observer.progress()
         if now is not None:
             self._furthest(now.view)
         return now
@@ -688,11 +683,12 @@ class Shadow:
     def _steps(self, call: Invocation, before: Progress | None) -> list[Violation] | None:
         """LIVE-ADMIT and LIVE-PROGRESS after a scheduling step (None: the call was none;
         a call between steps only moves the streak on)."""
-        now = self._progress()
+        now = self.observer.progress()
         if now is None:
             return None
         if before is None:
-            keeps = getattr(self.observer, "keeps_progress", lambda _: True)(call)
+            self._furthest(now.view)  # as the machine sees an engine before each call
+            keeps = self.observer.keeps_progress(call)
             self.streak = liveness.between(self.streak, keeps, bool(now.view.computed))
             self._streaking &= {v.id for v in liveness.streak_violations(self.streak)}
             return None
@@ -703,8 +699,7 @@ class Shadow:
         found = liveness.streak_violations(self.streak)
         new = [v for v in found if v.id not in self._streaking]
         self._streaking = {v.id for v in found}
-        # a livelock may last as long as the engine serves: keep what judging the next step needs
-        self.streak = liveness.Streak(self.streak.stalls[-KEPT_STEPS:], self.streak.standstills[-KEPT_STEPS:])
+        self.streak = liveness.judged(self.streak)  # each streak is reported once: keep no more
         return new
 
     def _furthest(self, view: View) -> None:

@@ -157,7 +157,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     if args.record:
-        record_trace(args.record, args.record_events, args.seed, args.record_level, args.mutant)
+        if not record_trace(args.record, args.record_events, args.seed, args.record_level, args.mutant):
+            return 2
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
@@ -462,8 +463,9 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     return 1
 
 
-def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant: str | None = None) -> None:
-    """Record a trace of the reference at `level`, or of `mutant` (the same workload) when named."""
+def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant: str | None = None) -> bool:
+    """Record a trace of the reference at `level`, or of `mutant` (the same workload) when
+    named; False when nothing could be recorded."""
     from kvoracle.kvcache.manager import CacheManager
     from kvoracle.oracle.mutants import MUTANTS
     from kvoracle.oracle.trace import record, record_scheduler
@@ -474,7 +476,7 @@ def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant
     if chosen is not None and chosen.level != level:
         print(f"kvoracle check: not recorded: {mutant} is a {chosen.level}-level mutant "
               f"(--record-level {chosen.level})", file=sys.stderr)
-        return
+        return False
     cache_class = CacheManager if chosen is None else chosen.cache_class
     scheduler = (chosen.scheduler_class if chosen is not None else None) or ResourceManager
     with open(path, "w", encoding="utf-8") as f:
@@ -483,10 +485,13 @@ def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant
                 n = record_scheduler(f, steps=events, seed=seed, scheduler_class=scheduler, cache_class=cache_class)
             else:
                 n = record(f, steps=events, seed=seed, cache_class=cache_class)
-        except Exception as e:  # noqa: BLE001 - a mutant may raise: the trace ends at its last whole call
+        except Exception as e:  # noqa: BLE001 - a mutant may raise: its trace ends at its last whole call
+            if chosen is None:
+                raise  # the reference itself: a bug to see, not a trace to keep
             print(f"recorded {what} to {path} until it raised {e!r}")
-            return
+            return True
     print(f"recorded {n} lines of {what} to {path}")
+    return True
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -579,7 +584,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference (of the "
                                                     "--mutant, when one is named) to FILE")
     c.add_argument("--record-events", type=int, default=500,
-                   help="events in the recorded trace: at least this many (default 500)")
+                   help="lines in the recorded trace after its header, at least (default 500; at the scheduler "
+                        "level the schedule/scheduled lines count too)")
     c.add_argument("--record-level", choices=("cache", "scheduler"), default="cache",
                    help="the recorded trace's level (default cache): scheduler records the reference scheduler, "
                         "each scheduling step between schedule and scheduled lines")

@@ -26,7 +26,7 @@ import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, TextIO, cast
+from typing import Mapping, TextIO, TypeGuard, cast
 
 from kvoracle.kvcache.abstraction import abstract
 from kvoracle.kvcache.faults import FaultyCopier, FaultyStorage, ScriptedFaults
@@ -97,7 +97,7 @@ class TraceReport:
 # --- decoding -----------------------------------------------------------------------------------
 
 
-def _is_int(x: object) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)  # JSON's true is no count
 
 
@@ -110,7 +110,6 @@ def _ints(x: object, line: int, what: str) -> list[int]:
 def _int(x: object, line: int, what: str, least: int | None = None) -> int:
     if not _is_int(x):
         raise TraceFormatError(line, f"{what} must be an integer")
-    assert isinstance(x, int)
     if least is not None and x < least:
         raise TraceFormatError(line, f"{what} must be at least {least}, not {x}")
     return x
@@ -218,7 +217,7 @@ def system_event(ev: Json, line: int) -> Event:
         return Insert(r, _int(ev.get("blocks"), line, "blocks"))
     if op == "exit":
         to = ev.get("to")
-        if to not in EXIT_STATUS:
+        if not isinstance(to, str) or to not in EXIT_STATUS:
             raise TraceFormatError(line, f"exit to {to!r}: one of {', '.join(EXIT_STATUS)}")
         return Exit(r, EXIT_STATUS[to], _writes(ev, line))
     raise TraceFormatError(line, f"unknown op {op!r} for a scheduler-level trace")
@@ -242,14 +241,16 @@ def observed(s: CacheState, obs: object, line: int) -> View:
             raise TraceFormatError(line, "refcounts must map node hashes (as strings) to counts")
         nodes = dict(s.nodes)
         for k, v in refs.items():
-            if not (isinstance(k, str) and k.isdigit()):
+            if not (isinstance(k, str) and k.isascii() and k.isdigit()):
                 raise TraceFormatError(line, f"refcounts are keyed by node hashes in decimal, not {k!r}")
             h = BlockHash(int(k))
             if h in nodes:
                 nodes[h] = replace(nodes[h], refcount=_int(v, line, "refcount"))
         s = replace(s, nodes=nodes)
     s = replace(s, gpu_heap=_heap(obs, "gpu", s.gpu_heap, line), cpu_heap=_heap(obs, "cpu", s.cpu_heap, line))
-    reported = cast(Mapping[str, object], obs.get("counters", {}))
+    reported = obs.get("counters", {})
+    if not isinstance(reported, dict):
+        raise TraceFormatError(line, "counters must map counter names to counts")
     true = true_counters(s)
     unknown = sorted(set(reported) - set(true))
     if unknown:
@@ -283,7 +284,10 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
         raise TraceFormatError(1, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
     gpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks", least=0)
     cpu = _int(head.get("cpu_blocks"), 1, "cpu_blocks", least=0)
-    if head.get("level", "cache") == "scheduler":
+    level = head.get("level", "cache")
+    if level not in ("cache", "scheduler"):
+        raise TraceFormatError(1, f"level must be \"cache\" or \"scheduler\", not {level!r}")
+    if level == "scheduler":
         if version == 1:
             raise TraceFormatError(1, "version 1 had no scheduler level: a scheduler-level trace is version 3")
         if version != VERSION:  # its hashes were spec's, and spec's block hashes changed in version 3

@@ -189,15 +189,22 @@ def scheduled(streak: Streak, before: View, after: View, needs: Mapping[str, int
 
 def between(streak: Streak, keeps_progress: bool, running: bool) -> Streak:
     """The streak after a call between scheduling steps. LIVE-PROGRESS's count goes on
-    over a call that only lets time pass or adds a request (`keeps_progress`); any other
-    (an exit, an eviction, damage from outside) starts it again. LIVE-ADMIT's starts
-    again when a request runs after the call (the engine was not idle). A bad input
-    that was refused is no call at all: the engine did nothing."""
+    over a call that only lets time pass, adds a request, or takes in the results of the
+    step before it (an engine that computes a step's tokens in a call of its own)
+    (`keeps_progress`); any other (an exit, an eviction, damage from outside) starts it
+    again. LIVE-ADMIT's starts again when a request runs after the call (the engine was
+    not idle). A bad input that was refused is no call at all: the engine did nothing."""
     return Streak(() if running else streak.stalls, streak.standstills if keeps_progress else ())
 
 
 def streak_violations(streak: Streak) -> list[Violation]:
     return live_admit(streak.stalls) + live_progress(streak.standstills)
+
+
+def judged(streak: Streak) -> Streak:
+    """The streak cut to what judging the next step needs: a checker that reports each
+    streak once may keep no more (a livelock can last as long as an engine serves)."""
+    return Streak(streak.stalls[-(ADMIT_GRACE + 1):], streak.standstills[-(PROGRESS_GRACE + 1):])
 
 
 def needs(s: System, admissions: int | None = None, among: Sequence[Status] = QUEUED) -> dict[str, int]:

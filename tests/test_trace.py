@@ -95,6 +95,8 @@ def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str
     (json.dumps({"op": "complete", "transfer": 0, "outcome": ["partial", -1]}), "unknown outcome"),
     (json.dumps({"op": "release", "request": True}), "request must be an integer"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"0x5": 1}}}), "decimal"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"\u00b2": 1}}}), "decimal"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"counters": [1]}}), "counters must map"),
 ])
 def test_malformed_lines_name_their_line(text: str, why: str) -> None:
     with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
@@ -211,6 +213,8 @@ def test_an_engine_that_leaves_a_request_that_fits_waiting_is_live_admit() -> No
     ([], {"reserve": 4}, "line 1: reserve must be below gpu_blocks"),
     ([], {"reserve": -1}, "line 1: reserve must be at least 0"),
     ([], {"block_size": 0}, "line 1: block_size must be at least 1"),
+    ([], {"level": "Scheduler"}, "line 1: level must be"),
+    ([{"op": "exit", "request": 0, "to": ["finished"]}], {}, "line 2: exit to"),
     ([{"op": "schedule", "observe": {"gpu_free": [0]}}], {}, "line 2: a schedule line carries nothing but its op"),
     ([{"op": "tick", "ticks": -1}], {}, "line 2: ticks must be at least 0"),
 ])
@@ -242,6 +246,10 @@ def test_every_trace_here_is_a_line_of_the_documented_schema() -> None:
     for lines in traces:
         for line in lines:
             jsonschema.validate(json.loads(line), schema)
+    refused = [{**SCHEDULER_HEAD, "timeout": 0}, {**SCHEDULER_HEAD, "level": "Scheduler"}, {"op": "scheduled", "n": 1},
+               {"op": "tick", "ticks": -1}, {"op": "match", "request": 0, "observe": {"refcounts": {"\u00b2": 1}}}]
+    for bad in refused:  # lines the reader refuses, the schema too
+        assert not jsonschema.Draft202012Validator(schema).is_valid(bad), bad
 
 
 def recorded_scheduler(scheduler_class: type[ResourceManager], seed: int, steps: int = 400) -> list[str]:
@@ -269,3 +277,13 @@ def test_a_scheduler_mutants_recorded_trace_fails_with_the_machines_id(
     report = check_trace(recorded_scheduler(scheduler_class, 0, steps=1000))
     assert [v.id for v in report.violations] == [expected]
     assert json.loads(report.prefix[-1]) == {"op": "scheduled"}
+
+
+def test_live_admits_count_starts_again_after_an_event_that_leaves_a_request_running() -> None:
+    idle: list[dict[str, object]] = [{"op": "schedule"}, {"op": "scheduled"}]
+    ran: list[dict[str, object]] = [{"op": "admit", "request": 0}, {"op": "prefill", "request": 0, "tokens": 4,
+                                                                   "blocks": [0, 1]},
+                                    {"op": "exit", "request": 0, "to": "preempted"}]
+    assert check_trace(steps_trace([FIRST_STEP[0], *idle, *ran, *idle])).passed  # r0 ran between: a new count
+    caught = check_trace(steps_trace([FIRST_STEP[0], *idle, {"op": "tick"}, *idle]))
+    assert [v.id for v in caught.violations] == ["LIVE-ADMIT"]

@@ -418,7 +418,7 @@ REMOTE = "WAITING_FOR_REMOTE_KVS"  # waiting for room alone once its load has en
 
 
 class VllmSchedulerObserver(ObserverBase):
-    """vLLM's Scheduler (0.33.0 .. 0.34.0) as a scheduler: each `schedule` call is one
+    """vLLM's Scheduler (tried on 0.16.0 .. 0.34.0) as a scheduler: each `schedule` call is one
     scheduling step, judged by LIVE-ADMIT and LIVE-PROGRESS (`kvoracle.shadow`, Progress).
 
         kvoracle.shadow.attach(scheduler, engine="vllm-scheduler")
@@ -426,8 +426,8 @@ class VllmSchedulerObserver(ObserverBase):
     It reports no blocks: its manager's observer ("vllm", attached to
     `scheduler.kv_cache_manager`) checks those. What a step needs is known only for a
     manager with one KV cache group (a hybrid model's groups each take blocks of their
-    own); with more, and while a request waits on something other than room (a grammar,
-    streamed input), nothing is asked. A request whose remote KV load has not ended, a
+    own); with more, while a request waits on something other than room (a grammar,
+    streamed input), and while the scheduler is paused (0.34's `pause_state`), nothing is asked. A request whose remote KV load has not ended, a
     finished request whose blocks are still held for sending, and blocks referenced
     outside every table count as transfers in flight; a request whose load has ended
     waits for room like any other."""
@@ -480,8 +480,9 @@ class VllmSchedulerObserver(ObserverBase):
             return blocks_for(int(r.num_tokens) + 1, size)
 
         ready = [r for r in waiting if r.status.name in QUEUED or (r.status.name == REMOTE and r.request_id in ended)]
-        needs = {r.request_id: need(r) for r in ready} if self.one_group else {}
-        growth = {rid: need(r) for rid, r in running.items()} if self.one_group else {}
+        judged = self.one_group and getattr(getattr(sched, "_pause_state", None), "name", "UNPAUSED") == "UNPAUSED"
+        needs = {r.request_id: need(r) for r in ready} if judged else {}
+        growth = {rid: need(r) for rid, r in running.items()} if judged else {}
         return Progress(scheduler_view(o, None, live, size), needs, growth, int(self.pool.num_gpu_blocks) - 1,
                         len(loading) + len(held) + self._held_outside(len(free)))
 
