@@ -677,7 +677,7 @@ class Shadow:
             return None
         now = self.observer.progress()
         if now is not None:
-            self._furthest(now.view)
+            self.furthest = liveness.most_computed(self.furthest, now.view)
         return now
 
     def _steps(self, call: Invocation, before: Progress | None) -> list[Violation] | None:
@@ -687,7 +687,8 @@ class Shadow:
         if now is None:
             return None
         if before is None:
-            self._furthest(now.view)  # as the machine sees an engine before each call
+            # as the machine sees an engine before each call
+            self.furthest = liveness.most_computed(self.furthest, now.view)
             keeps = self.observer.keeps_progress(call)
             self.streak = liveness.between(self.streak, keeps, bool(now.view.computed))
             self._streaking &= {v.id for v in liveness.streak_violations(self.streak)}
@@ -695,16 +696,12 @@ class Shadow:
         self._count("steps")
         self.streak = liveness.scheduled(self.streak, before.view, now.view, before.needs, before.growth,
                                          before.room, (before.in_flight, now.in_flight), self.furthest)
-        self._furthest(now.view)
+        self.furthest = liveness.most_computed(self.furthest, now.view)
         found = liveness.streak_violations(self.streak)
         new = [v for v in found if v.id not in self._streaking]
         self._streaking = {v.id for v in found}
         self.streak = liveness.judged(self.streak)  # each streak is reported once: keep no more
         return new
-
-    def _furthest(self, view: View) -> None:
-        for r, n in (view.computed or {}).items():
-            self.furthest[r] = max(n, self.furthest.get(r, 0))
 
     def _full(self) -> list[Violation]:
         self._count("full")

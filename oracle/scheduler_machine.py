@@ -153,8 +153,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
         self.mark = call_starts(self.engine)
         before, statuses = self.view(), self.engine.statuses()
-        for r, n in (before.computed or {}).items():
-            self.furthest[r] = max(n, self.furthest.get(r, 0))
+        self.furthest = liveness.most_computed(self.furthest, before)
         admission = self._admission_before(before) if admitting else None
         escaped: BaseException | None = None
         try:

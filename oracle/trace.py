@@ -336,7 +336,7 @@ class _Steps:
         if (op == "schedule") == (self.start is not None):
             raise TraceFormatError(line, "schedule opens a scheduling step and scheduled closes it: they alternate")
         if op == "schedule":
-            self.seen(view)
+            self.furthest = liveness.most_computed(self.furthest, view)
             self.start = (s, view)
             return []
         assert self.start is not None
@@ -347,14 +347,10 @@ class _Steps:
                                          self.furthest)
         return liveness.streak_violations(self.streak)
 
-    def seen(self, view: View) -> None:
-        for r, n in (view.computed or {}).items():
-            self.furthest[r] = max(n, self.furthest.get(r, 0))
-
     def between(self, event: Event, s: System, before: View) -> None:
         """An event outside any scheduling step."""
         if self.start is None:
-            self.seen(before)
+            self.furthest = liveness.most_computed(self.furthest, before)
             running = any(q.status is Status.RUNNING for q in s.requests.values())
             self.streak = liveness.between(self.streak, isinstance(event, Tick | Submit), running)
 
@@ -499,10 +495,12 @@ def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_block
 
 def event_json(e: Event) -> Json:
     """A scheduler-level event as its trace line (system_event reads it back)."""
-    if isinstance(e, Evict | Complete | Reset):
-        return ({"op": "evict", "steps": [step_json(x) for x in e.steps]} if isinstance(e, Evict) else
-                {"op": "complete", "transfer": e.transfer, "outcome": outcome_json(e.outcome)}
-                if isinstance(e, Complete) else {"op": "reset"})
+    if isinstance(e, Evict):
+        return {"op": "evict", "steps": [step_json(x) for x in e.steps]}
+    if isinstance(e, Complete):
+        return {"op": "complete", "transfer": e.transfer, "outcome": outcome_json(e.outcome)}
+    if isinstance(e, Reset):
+        return {"op": "reset"}
     if isinstance(e, Tick):
         return {"op": "tick", "ticks": e.ticks}
     line: Json = {"op": type(e).__name__.lower(), "request": e.request}

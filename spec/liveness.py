@@ -197,6 +197,15 @@ def between(streak: Streak, keeps_progress: bool, running: bool) -> Streak:
     return Streak(() if running else streak.stalls, streak.standstills if keeps_progress else ())
 
 
+def most_computed(seen: Mapping[str, int], v: View) -> dict[str, int]:
+    """The most tokens each request was seen computed (standstill's `furthest`), once the
+    running requests of view `v` are seen too."""
+    out = dict(seen)
+    for r, n in (v.computed or {}).items():
+        out[r] = max(n, out.get(r, 0))
+    return out
+
+
 def streak_violations(streak: Streak) -> list[Violation]:
     return live_admit(streak.stalls) + live_progress(streak.standstills)
 
