@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kvoracle.oracle import garbage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import replay, run_machine
 from kvoracle.oracle.cli import run_target
@@ -213,6 +216,16 @@ class MisreportedToken(ResourceManager):
         if self.events and type(self.events[-1]).__name__ == "Decode":
             last = self.events[-1]
             self.events[-1] = type(last)(last.request, 3 - last.token, last.blocks)
+
+
+class UncopiedOrphanSwapIn(ResourceManager):
+    """The eleventh blind run's: a swap-in whose request has left lands without its
+    bytes being copied (the node turns GPU-resident over whatever its block held)."""
+
+    def _move(self, job, done):
+        if type(job).__name__ == "SwapInJob" and job.request is None:
+            return done
+        return super()._move(job, done)
 '''
 
 # A CPU hit, then a stored block, matched with a budget of one block (found by the
@@ -256,6 +269,32 @@ def test_a_misreported_step_reproduces_against_the_record_before_it(tmp_path: Pa
     text = reproduction(machine, result.counterexample, result.violation)
     assert_refinement_reproduces(tmp_path, text, "MisreportedToken",
                                  "from kvoracle.scheduler.resource_manager import ResourceManager as Scheduler")
+
+
+# A prompt cached, evicted to the CPU tier, matched again by a second request whose
+# swap-in answers late (fault 509: LATE 2 on the copy), which is aborted before it lands
+# (found by the campaign, seed 8, with UncopiedOrphanSwapIn as a mutant, shrunk to these).
+ORPHANED = ["state.submit(p=0, tail=0)", "state.schedule(f=())", "state.schedule(f=())", "state.abort(f=(), i=0)",
+            "state.submit(p=0, tail=0)", "state.tick(n=1, pressure=0)", "state.schedule(f=_faults(509))",
+            "state.abort(f=(), i=0)"]
+
+
+def test_a_swap_in_landing_for_a_request_that_left_must_copy_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block the swap-in lands in is the one the prefix was evicted from, and a free
+    block keeps its bytes: only garbage in fresh blocks (oracle.garbage) shows the copy
+    that never ran."""
+    (tmp_path / "planted.py").write_text(PLANTED)
+    planted = Mutant("uncopied-orphan", 9, "", "", frozenset({"INV-CONTENT"}),
+                     scheduler_class=file_module(tmp_path / "planted.py").UncopiedOrphanSwapIn)
+    machine = Target(planted.name, "scheduler", planted).machine()
+    found = replay(machine, ORPHANED)
+    assert found is not None and found.first_id == "INV-CONTENT", found
+    assert replay(Target("reference", "scheduler", None).machine(), ORPHANED) is None
+    (tmp_path / "buggy.py").write_text(reproduction(machine, ORPHANED, found))
+    assert confirms(run_reproduction(tmp_path / "buggy.py"), "INV-CONTENT")
+    monkeypatch.setattr(garbage, "garbage_in_fresh_blocks", lambda cache, pools: None)
+    assert replay(Target(planted.name, "scheduler", planted).machine(), ORPHANED) is None
 
 
 def assert_refinement_reproduces(tmp_path: Path, text: str, planted: str, reference: str) -> None:
