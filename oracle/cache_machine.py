@@ -89,6 +89,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
         self.gone: list[RequestId] = []
+        self.comeback: list[int] | None = None  # the tokens of the request released last
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.asked = 0  # blocks the latest GPU eviction asked for
@@ -202,7 +203,10 @@ class CacheMachine(RuleBasedStateMachine):
         or in storage, and the match swaps in or prefetches; with `cold` 2 the swap-outs
         that starts end ok first, with 3 they stay in flight (the CPU tier fills with
         blocks in transit, and later evictions must drop). 0 and 1, where shrinking goes:
-        no pressure."""
+        no pressure. With `cold` 2 the prompt is not p but the tokens of the request
+        released last, if any: a conversation that comes back after its prefix left the
+        GPU, so the match swaps in (the swap-in paths are otherwise rare: what the
+        pressure moves to the CPU tier is seldom the prefix of the next prompt drawn)."""
         if len(self.live) >= 4:
             return
         e = self.engine
@@ -210,7 +214,7 @@ class CacheMachine(RuleBasedStateMachine):
             self._cool(settled=cold == 2)
         r = RequestId(self.next_request)
         self.next_request += 1
-        tokens = prompt(p, e.block_size)
+        tokens = list(self.comeback) if cold == 2 and self.comeback is not None else prompt(p, e.block_size)
         asked = Blocks(tuple(tokens), block_hashes(tokens, e.block_size))
         blocks = -(-len(tokens) // e.block_size)
         self._make_room(blocks - e.gpu_hits(asked))
@@ -294,6 +298,7 @@ class CacheMachine(RuleBasedStateMachine):
         if r is None:
             return
         written = self._full(r) if write else Blocks((), ())
+        self.comeback = self.live[r].tokens
         del self.live[r]  # before the call: the check after it expects the request gone
         self.gone.append(r)
         self._step("release", Call("release", (r, written)), exiting=r)
