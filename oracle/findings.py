@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -168,10 +169,28 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
             f"# {line}" for line in traceback.format_exc().splitlines()), f"raise SystemExit({why!r})", ""]
         path.write_text("\n".join(lines), encoding="utf-8")
         return path, why
-    path.write_text(text, encoding="utf-8")
+    path.write_text(with_hash_seed(text, os.environ.get("PYTHONHASHSEED", "")), encoding="utf-8")
     silent = result.ended is not None and result.ended.silent > 0
     hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less
     return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
+
+
+def with_hash_seed(text: str, seed: str) -> str:
+    """The reproduction, run as a script, under the hash seed of the campaign that found it
+    (`seed`, its PYTHONHASHSEED): an engine may order a set of strings by their hashes
+    (vLLM 0.29's offloading jobs did), and Python draws that seed per process unless told.
+    The lines go after the header comments; exec'd by another program the file runs as it is."""
+    lines = text.split("\n")
+    at = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    if not seed.isdigit():
+        pin = ["# The campaign ran under a random hash seed (PYTHONHASHSEED unset): an engine that orders sets",
+               "# of strings by hash may not replay it exactly. `kvoracle check` runs under PYTHONHASHSEED=0."]
+    else:
+        pin = ["", "import os as _os, sys as _sys",
+               f"if __name__ == '__main__' and _sys.argv[0] != '-c' and _os.environ.get('PYTHONHASHSEED') != {seed!r}:",
+               "    # the campaign's hash seed: an engine may order sets of strings by hash",
+               f"    _os.execve(_sys.executable, [_sys.executable, *_sys.argv], {{**_os.environ, 'PYTHONHASHSEED': {seed!r}}})"]
+    return "\n".join([*lines[:at], *pin, *lines[at:]])
 
 
 def standalone(path: Path, failure: str, first_id: str) -> str:

@@ -4,6 +4,8 @@ violations into "known" and the campaign goes on to find the new ones."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -14,11 +16,12 @@ import pytest
 from kvoracle.oracle import garbage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import replay, run_machine
+from kvoracle.oracle import cli
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.engines import file_module
-from kvoracle.oracle.findings import confirms, reproduction, run_reproduction
+from kvoracle.oracle.findings import confirms, reproduction, run_reproduction, with_hash_seed
 from kvoracle.oracle.mutants import Mutant
 from kvoracle.oracle.targets import Target
 from kvoracle.spec.types import Outcome, TransferId
@@ -111,6 +114,27 @@ def test_a_raising_adapter_is_reported_by_the_cli_without_a_traceback(tmp_path: 
     assert "LIVE-EVICT" in done.stdout and "engine fell over" in done.stdout
 
 
+def test_an_adapters_drawn_faults_print_as_its_campaign_drew_them(tmp_path: Path) -> None:
+    """An adapter whose engine suffers only hangs: the campaign runs in a process of its
+    own, and the program the command line prints names the faults that process drew, as
+    the JSON and the reproduction do (it printed them from the full fault model)."""
+    (tmp_path / "hanging.py").write_text(
+        "from kvoracle.kvcache.faults import FaultKind\n"
+        "from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler\n"
+        "from kvoracle.oracle.mutants import NoTimeout\n\n\n"
+        "class Engine(ReferenceScheduler):\n    name = 'hanging'\n"
+        "    fault_kinds = frozenset({FaultKind.HANG})\n    scheduler_class = NoTimeout\n")
+    report = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "kvoracle.oracle.cli", "check", "--adapter",
+                           f"{tmp_path}/hanging.py:Engine", "--seeds", "1", "--examples", "40", "--json", str(report),
+                           "--repro-dir", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [row] = json.loads(report.read_text())
+    printed = re.findall(r"^  \d+\. (.*)$", done.stdout, re.M)
+    assert printed == row["counterexample"] and any("hang" in step for step in printed), done.stdout
+    assert not re.search(r"late|error|partial|raise|twice", " ".join(printed)), printed
+
+
 DRIFTING = '''
 from dataclasses import replace
 
@@ -165,6 +189,40 @@ def test_a_seed_draws_the_same_programs_whatever_modules_are_loaded(tmp_path: Pa
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(planted.stem, None)
+
+
+def test_the_command_line_runs_under_a_fixed_hash_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unless PYTHONHASHSEED is set, `kvoracle` starts again under 0: an engine that orders
+    sets of strings by hash then runs the same way in every campaign and reproduction."""
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.append((argv, env))
+        raise SystemExit(0)
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setattr(sys, "argv", ["kvoracle", "mutants"])
+    monkeypatch.setattr(os, "execve", execve)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert started == [([sys.executable, "-m", "kvoracle.oracle.cli", "mutants"], {**os.environ, "PYTHONHASHSEED": "0"})]
+    monkeypatch.setenv("PYTHONHASHSEED", "3")
+    assert cli.main() == 0 and len(started) == 1  # a seed the user set is kept
+
+
+def test_a_reproduction_replays_under_the_hash_seed_of_its_campaign(tmp_path: Path) -> None:
+    script = tmp_path / "repro.py"
+    script.write_text(with_hash_seed("# kvoracle reproduction: x, INV-PIN\nimport os\n"
+                                     "print(os.environ.get('PYTHONHASHSEED'), hash('kv'))\n", "5"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+
+    def run(*argv: str, **extra: str) -> str:
+        return subprocess.run([sys.executable, *argv], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert run(str(script)) == run(str(script), PYTHONHASHSEED="9") and run(str(script)).startswith("5 ")
+    assert run("-c", f"exec(open({str(script)!r}).read())", PYTHONHASHSEED="9").startswith("9 ")  # exec'd: as it is
+    assert "random hash seed" in with_hash_seed("# kvoracle reproduction: x, INV-PIN\n", "")
 
 
 def test_a_reproduction_failure_is_read_through_an_engines_rank_prefix(tmp_path: Path) -> None:
@@ -229,11 +287,10 @@ class UncopiedOrphanSwapIn(ResourceManager):
 '''
 
 # A CPU hit, then a stored block, matched with a budget of one block (found by the
-# campaign with OverdrawnMatch as a mutant, shrunk to these).
-OVERDRAWN = ["state.admit(budget=0, chunk=0, cold=0, p=2, prefill=False, then=None)", "state.commit(i=0)",
-             "state.release(i=0, write=False)", "state.admit(budget=0, chunk=0, cold=2, p=3, prefill=False, then=None)",
-             "state.evict(need=1, then=Ok(), tier='gpu')",
-             "state.admit(budget=1, chunk=0, cold=0, p=2, prefill=False, then=None)"]
+# campaign with OverdrawnMatch as a mutant, seed 0, shrunk to these).
+OVERDRAWN = ["state.admit(budget=0, chunk=0, cold=0, p=0, prefill=False, then=None)", "state.commit(i=0)",
+             "state.release(i=0, write=False)", "state.evict(need=1, then=Ok(), tier='gpu')",
+             "state.admit(budget=1, chunk=0, cold=2, p=0, prefill=False, then=None)"]
 
 
 def test_a_match_over_its_callers_limit_is_no_step_of_spec(tmp_path: Path) -> None:

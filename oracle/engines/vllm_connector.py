@@ -35,7 +35,8 @@ schedule = one engine step, if the engine would step (Scheduler.has_requests(); 
 finish   = finish_requests(FINISHED_STOPPED); abort = finish_requests(FINISHED_ABORTED)
            [EngineCore.abort_requests, the output processor's stop strings]
 preempt  = what schedule() does to the request it preempts when blocks run short:
-           running.remove, then Scheduler._preempt_request [the preemption loop of
+           running.remove, then Scheduler._preempt_request (0.29+: with drop_stale_output
+           as schedule() passes it) [the preemption loop of
            Scheduler.schedule; reset_prefix_cache(reset_running_requests=True) makes the same
            call for every running request]. As after vLLM's own preemption, the request is
            not resumed by the schedule() that reports it (it waits out one schedule());
@@ -619,6 +620,10 @@ if CONNECTOR != "kvoracle" and not hasattr(sched, "reset_preempted_req_ids"):
 
     sched.connector.build_connector_meta = _with_preempted
 _request_args = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
+# 0.29+: schedule() preempts with drop_stale_output=requires_kv_delivery (a KV producer's in-flight
+# output is dropped and the request resumes at once; otherwise it waits for that output)
+_preempt_args = ({"drop_stale_output": sched.requires_kv_delivery}
+                 if "drop_stale_output" in inspect.signature(sched._preempt_request).parameters else {})
 
 
 def submit(rid, tokens):
@@ -709,7 +714,7 @@ def abort(rid, faults=()):
 def _preempt(rid):
     req = sched.requests[rid]
     sched.running.remove(req)
-    sched._preempt_request(req, time.monotonic())
+    sched._preempt_request(req, time.monotonic(), **_preempt_args)
     if ASYNC and QUEUE and hasattr(req, "async_tokens_to_discard"):  # as reset_prefix_cache does (0.23)
         req.async_tokens_to_discard = req.num_output_placeholders
         req.num_output_placeholders = 0
@@ -1157,8 +1162,10 @@ class OffloadPrepareStoreEvicts(VllmConnector):
     evicting the store's own inputs that are already on CPU, so the CPU tier keeps the
     new blocks without their prefix, unreachable by lookups (INV-TREE on the CPU tier;
     the observation shows it as INV-HEAP-SOUND: the LRU holds blocks that are not nodes of
-    the tree lookups walk). Buggy 0.15.1 .. 0.17.1, fixed in 0.18.0. A busy engine (these
-    releases idle with a delayed free pending: PR 43433); no hung transfers."""
+    the tree lookups walk). Buggy 0.15.1 .. 0.17.1, fixed in 0.18.0; 0.18.0 still fails
+    this campaign through the other path (another request's store evicts the parent of a
+    chunk in flight: OffloadEvictsParentOfStore's bug). A busy engine (these releases idle
+    with a delayed free pending: PR 43433); no hung transfers."""
 
 
     name = "vllm-offload-prepare-store-evicts"
