@@ -1,6 +1,6 @@
 """SGLang's tiered cache (device pool, host pool, storage, its controller threads) through
 the scheduler adapter oracle.engines.sglang_hicache. The campaign runs where sglang
-(0.5.5.post3 .. 0.5.17 or 0.5.21 .. 0.5.23) is installed; elsewhere it skips."""
+(0.5.5.post3 .. 0.5.23) is installed; elsewhere it skips."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from kvoracle.oracle.engines.sglang_hicache import (
     BackupThreadDies,
     HostLeafStatus,
     PrefetchDoubleRelease,
+    PrefetchStaleAck,
     PrefetchThreadDies,
     SglangHiCache,
     sglang_version,
@@ -24,9 +25,10 @@ from kvoracle.oracle.engines.sglang_hicache import (
 from kvoracle.oracle.scheduler_machine import FAULTS, _faults, use_faults
 from kvoracle.spec.types import RequestId
 
-ROWS = (SglangHiCache, PrefetchDoubleRelease, BackupGapOrphan, HostLeafStatus, BackupThreadDies, PrefetchThreadDies)
+ROWS = (SglangHiCache, PrefetchDoubleRelease, BackupGapOrphan, HostLeafStatus, BackupThreadDies, PrefetchThreadDies,
+        PrefetchStaleAck)
 V = sglang_version()
-DRIVEN = (0, 5, 5, 3) <= V < (0, 5, 18) or (0, 5, 21) <= V < (0, 5, 24)
+DRIVEN = (0, 5, 5, 3) <= V < (0, 5, 24)
 
 
 @pytest.mark.parametrize("cls", ROWS, ids=lambda c: c.__name__)
@@ -49,7 +51,7 @@ def test_importing_the_adapter_does_not_import_sglang() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.skipif(not DRIVEN, reason="needs sglang 0.5.5.post3 .. 0.5.17 or 0.5.21 .. 0.5.23 (engines/hunt/)")
+@pytest.mark.skipif(not DRIVEN, reason="needs sglang 0.5.5.post3 .. 0.5.23 (engines/hunt/)")
 def test_default_campaign_passes() -> None:
     from kvoracle.oracle.cli import run_target
     from kvoracle.oracle.targets import Target
@@ -59,7 +61,7 @@ def test_default_campaign_passes() -> None:
     assert row.steps > 100
 
 
-@pytest.mark.skipif(not DRIVEN, reason="needs sglang 0.5.5.post3 .. 0.5.17 or 0.5.21 .. 0.5.23 (engines/hunt/)")
+@pytest.mark.skipif(not DRIVEN, reason="needs sglang 0.5.5.post3 .. 0.5.23 (engines/hunt/)")
 def test_script_replays_standalone() -> None:
     from kvoracle.kvcache.faults import Fault
 

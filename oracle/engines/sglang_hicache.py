@@ -5,11 +5,16 @@ controller with its threads, driven the way SGLang's scheduler drives them.
 One adapter for two API generations, chosen from the installed sglang version when the
 adapter is built:
 
-- HiRadixCache (0.5.5.post3 .. 0.5.11; 0.5.12 .. 0.5.20 are refused: 0.5.15 and 0.5.17
-  reshaped the controller's records, 0.5.19 builds neither cache): HiCacheController, MHATokenToKVPoolHost;
-- UnifiedRadixCache with HiCache (0.5.21 .. 0.5.23): HybridCacheController and its host
-  pool group, with SGLang's Python tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python:
-  the Rust core's nodes cannot be walked, and the checks walk the tree).
+- HiRadixCache (0.5.5.post3 .. 0.5.18): HiCacheController, MHATokenToKVPoolHost, with the
+  records each release reshaped gated by version (load-back's anchor 0.5.12, write-through
+  records 0.5.13, prefetch slots allocated after the storage query 0.5.16, settings read
+  from the published server args 0.5.18);
+- UnifiedRadixCache with HiCache (0.5.19 .. 0.5.23; from 0.5.19 SGLang's cache registry
+  builds no HiRadixCache): HybridCacheController and its host pool group, with SGLang's
+  Python tree core (SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python: the Rust core's nodes
+  cannot be walked, and the checks walk the tree); 0.5.19 and 0.5.20 release a request
+  with cache_finished_req (0.5.21: insert_req, free_kv_row, unpin), and 0.5.19 names a
+  prefetch by its rid (0.5.20: a CacheRequestHandle).
 
 The storage tier is kvoracle's backend (oracle.engines.sglang_storage) behind SGLang's
 HiCacheStorage interface, loaded as SGLang's "dynamic" backend: each call's faults are
@@ -396,6 +401,12 @@ if V >= (0, 5, 10):
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
 mph.SUPPORT_PIN_MEMORY = False  # no cudaHostRegister without CUDA
+if V >= (0, 5, 16):  # the MHA host pool moved to pool_host.mha
+    import sglang.srt.mem_cache.pool_host.mha as _mha
+else:
+    _mha = mph
+if not hasattr(_mha, "transfer_kv_direct"):  # from 0.5.13 the host pool binds its copy kernel only on GPU builds
+    _mha.transfer_kv_direct = transfer_kv_direct
 if not torch.distributed.is_initialized():  # a one-process gloo group: SGLang's TP group of size 1
     _rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
     atexit.register(shutil.rmtree, _rendezvous, True)
@@ -433,11 +444,17 @@ kv = MHATokenToKVPool(size=P * PAGES, page_size=P, dtype=torch.float16, head_num
                       device="cpu", enable_memory_saver=False)
 alloc = PagedTokenToKVPoolAllocator(P * PAGES, P, torch.float16, "cpu", kvcache=kv, need_sort=False)
 rows = ReqToTokenPool(size=ROWS, max_context_len=CONTEXT, device="cpu", enable_memory_saver=False)
-server_args = SimpleNamespace(
-    hicache_ratio=RATIO, hicache_size=0, hicache_write_policy=WRITE_POLICY, hicache_io_backend="direct",
-    hicache_mem_layout="layer_first", hicache_storage_backend=BACKEND,
-    hicache_storage_backend_extra_config=json.dumps(EXTRA), hicache_storage_prefetch_policy=PREFETCH_POLICY,
-    served_model_name="kvoracle", disable_hicache_numa_detect=True, enable_metrics=False, extra_metric_labels=None)
+HICACHE = dict(hicache_ratio=RATIO, hicache_size=0, hicache_write_policy=WRITE_POLICY, hicache_io_backend="direct",
+               hicache_mem_layout="layer_first", hicache_storage_backend=BACKEND,
+               hicache_storage_backend_extra_config=json.dumps(EXTRA), hicache_storage_prefetch_policy=PREFETCH_POLICY,
+               enable_metrics=False)
+if V >= (0, 5, 18):  # the cache reads (0.5.18: some of) its settings from the published server args
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    server_args = ServerArgs(model_path="dummy", served_model_name="kvoracle", page_size=P, **HICACHE)
+    set_global_server_args_for_scheduler(server_args)
+else:
+    server_args = SimpleNamespace(served_model_name="kvoracle", extra_metric_labels=None,
+                                  disable_hicache_numa_detect=True, **HICACHE)
 if V < (0, 5, 6):
     tree = HiRadixCache(
         req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, tp_cache_group=ps.get_tp_group().cpu_group,
@@ -480,7 +497,11 @@ def key(tokens):
 
 def match(tokens):  # (device prefix, last device node, last host node, host hit tokens)
     m = tree.match_prefix(MatchPrefixParams(key=key(tokens)) if V >= (0, 5, 8) else key(tokens))
+    MATCHED[0] = m
     return m.device_indices.to(torch.int64), m.last_device_node, m.last_host_node, m.host_hit_length
+
+
+MATCHED = [None]
 
 
 def lock(node):
@@ -493,7 +514,10 @@ def unlock(node):
 
 
 def load_back(req, last, last_host, hit):
-    if V >= (0, 5, 10):
+    if V >= (0, 5, 12):  # the anchor became the match's best_match_node (= last_host_node in HiRadixCache)
+        loaded, node = tree.init_load_back(InitLoadBackParams(best_match_node=MATCHED[0].best_match_node,
+                                                              host_hit_length=hit))
+    elif V >= (0, 5, 10):
         loaded, node = tree.init_load_back(InitLoadBackParams(last_host_node=last_host, host_hit_length=hit))
     else:
         loaded, node = tree.init_load_back(last_host, hit)
@@ -509,7 +533,7 @@ def ready_to_load():
 
 
 def release(req, insert):  # RadixCache.cache_finished_req (is_insert=False: a retraction)
-    if V >= (0, 5, 17):
+    if V >= (0, 5, 16):  # the KV length to cache became an argument (it was req.pop_committed_kv_cache())
         tree.cache_finished_req(req, is_insert=insert, kv_len_to_handle=req.filled)
     else:
         tree.cache_finished_req(req, is_insert=insert)
@@ -544,14 +568,21 @@ def close():  # stop the controller's threads
 
 
 # --- what the checks observe (kvoracle's, in SGLang's terms) ---------------------------------
+# 0.5.13 keeps each write-through as (locked node, backup length, the nodes it publishes):
+# a split while the write is pending publishes both halves; before, the record was the node.
 def writing():  # nodes whose device->host write-through is not acknowledged yet
+    if V >= (0, 5, 13):
+        return [n for _, _, publish in tree.ongoing_write_through.values() for n in publish]
     return list(tree.ongoing_write_through.values())
 
 
 def transfer_anchors():  # nodes whose path an in-flight transfer keeps locked (inc_lock_ref)
     out = list(tree.ongoing_load_back.values())
     if WRITE_POLICY != "write_back":
-        out += list(tree.ongoing_write_through.values())
+        if V >= (0, 5, 13):
+            out += [locked for locked, _, _ in tree.ongoing_write_through.values()]
+        else:
+            out += list(tree.ongoing_write_through.values())
     return out
 
 
@@ -564,6 +595,9 @@ def host_leaves():
 
 
 def host_free():
+    if V >= (0, 5, 16):  # frees wait in release_slots until an alloc merges them
+        with host.lock:
+            return [int(s) for p in [host.free_slots] + list(host.release_slots) for s in p.tolist()]
     return [int(s) for s in host.free_slots.tolist()]
 
 
@@ -573,7 +607,13 @@ def prefetch_io():  # prefetch operations whose storage I/O has not ended
     buffer = getattr(cc, "prefetch_buffer", None)
     ops = [c.operation for c in store.plan.pending() if c.kind == "read"]
     ops += list(cc.prefetch_queue.queue) + (list(buffer.queue) if buffer is not None else [])
+    if V >= (0, 5, 16):  # queried, waiting for the scheduler to allocate its host slots
+        ops += list(cc.prefetch_hit_queue.queue)
     return [op for op in ops if op is not None]
+
+
+def prefetch_op(info):  # an ongoing_prefetch record's operation (0.5.16 dropped its host_indices field)
+    return info[2] if V >= (0, 5, 16) else info[3]
 
 
 def stranded(kind):  # operations of a kind ("read" or "write") a dead controller thread held
@@ -586,9 +626,12 @@ def host_in_flight():  # host slots prefetches own, and slots on their way back 
         return []
     busy = prefetch_io()
     ids = {id(op) for op in busy}
-    revoked = set(cc.prefetch_revoke_queue.queue)
-    out = [int(s) for op in busy for s in op.host_indices.tolist()]
-    for rid, (_, _, _, op) in tree.ongoing_prefetch.items():
+    # (0.5.18 dropped the revoke queue: the scheduler revokes a short hit off the hit queue)
+    revoked = set(cc.prefetch_revoke_queue.queue) if V < (0, 5, 18) else set()
+    # from 0.5.16 a prefetch's host slots are allocated once storage has said how many pages it holds
+    out = [int(s) for op in busy if op.host_indices is not None for s in op.host_indices.tolist()]
+    for rid, info in tree.ongoing_prefetch.items():
+        op = prefetch_op(info)
         if rid not in revoked and id(op) not in ids and op.host_indices is not None:
             out += [int(s) for s in op.host_indices[: op.completed_tokens].tolist()]  # done: it keeps what it read
     for op in stranded("read"):  # its thread died before releasing what it did not read
@@ -616,12 +659,14 @@ os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = "python"  # nodes that ca
 from array import array
 
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import (CacheRequestHandle, EvictParams, InitLoadBackParams,
-                                                    MatchPrefixParams)
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+if V >= (0, 5, 20):
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+else:  # 0.5.19
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
@@ -635,7 +680,16 @@ server_args = ServerArgs(model_path="dummy", page_size=P, hicache_io_backend="di
                          hicache_storage_backend_extra_config=json.dumps(EXTRA),
                          hicache_storage_prefetch_policy=PREFETCH_POLICY)
 set_global_server_args_for_scheduler(server_args)
-get_parallel().override_permanently(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+if V >= (0, 5, 20):  # (0.5.19 reads the ranks off the process groups below)
+    get_parallel().override_permanently(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+if V < (0, 5, 21) and not torch.distributed.is_initialized():  # 0.5.19/0.5.20's controller asks the TP group its rank
+    from sglang.srt.distributed import parallel_state as ps
+    _rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
+    atexit.register(shutil.rmtree, _rendezvous, True)
+    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
+                                    distributed_init_method="file://" + os.path.join(_rendezvous, "store"))
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
 kv = MHATokenToKVPool(size=P * PAGES, page_size=P, dtype=torch.float16, head_num=1, head_dim=8, layer_num=1,
                       device="cpu", enable_memory_saver=False)
 alloc = PagedTokenToKVPoolAllocator(P * PAGES, P, torch.float16, "cpu", kvcache=kv, need_sort=False)
@@ -724,16 +778,27 @@ def release(req, insert):  # release_kv_cache: keep what the tree can key, free 
             tree.checkpoint(req, up_to=req.filled)
         tree.free_kv_row(req.kv, [(req.kv.cache_protected_len, req.filled)])
         tree.unlock(req.lock)
-    else:  # 0.5.21
+    elif V >= (0, 5, 21):
         req.lock_receipt = req.lock[1]
         if insert:
             tree.insert_req(req, up_to=req.filled)
         tree.free_kv_row(req.kv, [(req.kv.cache_protected_len, req.filled)])
         tree.unpin(req)
+    else:  # 0.5.19, 0.5.20: one call inserts, frees the row's rest and unlocks
+        if V >= (0, 5, 20):
+            req.lock_receipt = req.lock[1]
+        else:  # 0.5.19 keeps the receipt's two fields on the request
+            receipt = req.lock[1]
+            req.swa_uuid_for_lock, req.skip_lock_node_ids = receipt.swa_uuid_for_lock, receipt.skip_lock_node_ids
+        req.kv.swa_evicted_seqlen = 0  # its row free splits at the SWA floor; full attention only: none
+        tree.cache_finished_req(req, is_insert=insert, kv_len_to_handle=req.filled)
     free_row(req)
 
 
-def handle(req):
+def handle(req):  # how the prefetch calls name a request (its rid in 0.5.19)
+    if V < (0, 5, 20):
+        return req.rid
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
     return CacheRequestHandle(rid=req.rid, attempt_id=0)
 
 
@@ -838,7 +903,7 @@ def in_flight():  # the transfers in flight, by id
     out = [("write-through", i) for i in tree.ongoing_write_through]
     out += [("load-back", i) for i in tree.ongoing_load_back]
     out += [("backup", i) for i in tree.ongoing_backup]
-    out += [("prefetch", h.rid) for h in tree.ongoing_prefetch]
+    out += [("prefetch", h if V < (0, 5, 20) else h.rid) for h in tree.ongoing_prefetch]  # keyed by rid in 0.5.19
     return out + sorted({("prefetch-io", op.id) for op in prefetch_io()})
 """
 
@@ -872,9 +937,9 @@ _STATUS = {"waiting": Status.WAITING, "running": Status.RUNNING, "preempted": St
 
 
 class SglangHiCache(Scripted):
-    """SGLang 0.5.23's UnifiedRadixCache with HiCache (or HiRadixCache in 0.5.5.post3 ..
-    0.5.11) with everything on: write-through to host, storage backups, prefetch from
-    storage, every storage fault the engine can meet."""
+    """SGLang 0.5.23's UnifiedRadixCache with HiCache (0.5.19 .. 0.5.23; HiRadixCache in
+    0.5.5.post3 .. 0.5.18) with everything on: write-through to host, storage backups,
+    prefetch from storage, every storage fault the engine can meet."""
 
     name = "sglang-hicache"
     block_size = PAGE  # tokens per page (= block)
@@ -900,13 +965,13 @@ class SglangHiCache(Scripted):
                 old.close()
         _LIVE[:] = []
         self.v = sglang_version()
-        if (0, 5, 5, 3) <= self.v < (0, 5, 12):  # 0.5.15 and 0.5.17 changed the controller's records
+        if (0, 5, 5, 3) <= self.v < (0, 5, 19):  # from 0.5.19 SGLang builds HiCache as UnifiedRadixCache only
             self.generation = "hiradix"
-        elif (0, 5, 21) <= self.v < (0, 5, 24):
+        elif (0, 5, 19) <= self.v < (0, 5, 24):
             self.generation = "unified"
         else:
             raise RuntimeError(f"sglang {'.'.join(map(str, self.v)) or 'is not installed'}: this adapter drives "
-                               "0.5.5.post3 .. 0.5.11 (HiRadixCache) and 0.5.21 .. 0.5.23 (UnifiedRadixCache)")
+                               "0.5.5.post3 .. 0.5.18 (HiRadixCache) and 0.5.19 .. 0.5.23 (UnifiedRadixCache)")
         self.preamble = self.build_preamble()
         super().__init__()
         _LIVE.append(weakref.ref(self))
@@ -1184,3 +1249,15 @@ class PrefetchThreadDies(SglangHiCache):
     # three 3-page prompts with nothing in common push each other out of both pools, so a
     # prompt that comes back finds its pages in storage only
     prompts = ((1,) * 6, (2,) * 6, (3,) * 6)
+
+
+class PrefetchStaleAck(SglangHiCache):
+    """SGLang PR #39318 (buggy 0.5.19, fixed 0.5.20): UnifiedRadixCache matches a prefetch's
+    acknowledgements to the request by its rid alone, so the last ack of a prefetch that
+    ended early (best_effort) and arrives after the request was retracted and prefetches
+    again is taken for the new prefetch: the new prefetch's host slots go into the tree
+    before they are read, and the old prefetch's slots are never freed. Storage faults
+    that do not raise (0.5.19's controller threads die on those that do, #38428)."""
+
+    name = "sglang-prefetch-stale-ack"
+    fault_kinds = _QUIET_FAULTS

@@ -804,6 +804,9 @@ class VllmConnector(Scripted):
     def __init__(self) -> None:
         self.vllm = vllm_version()
         require_release("vLLM", self.vllm, *self.versions, type(self).__name__, absent_ok=False)
+        if self.busy and self.async_scheduling:  # an empty model step would stay queued, a transfer for ever
+            raise RuntimeError(f"{type(self).__name__}: busy and async_scheduling together are not driven "
+                               "(the adapter's queue keeps an empty step in flight: a false LIVE-DRAIN)")
         self.preamble = self.build_preamble()
         super().__init__()
 
