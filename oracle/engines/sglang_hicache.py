@@ -161,6 +161,17 @@ def _thread_died(a):
 
 threading.excepthook = _thread_died
 V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))
+
+
+def one_process_group():  # SGLang's TP group of size 1, over gloo (the controller asks it its rank)
+    from sglang.srt.distributed import parallel_state as ps
+    if not torch.distributed.is_initialized():
+        rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
+        atexit.register(shutil.rmtree, rendezvous, True)
+        ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
+                                        distributed_init_method="file://" + os.path.join(rendezvous, "store"))
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1)
 """
 
 # The scheduler around the cache: the same for both generations, over the API layer
@@ -407,13 +418,7 @@ else:
     _mha = mph
 if not hasattr(_mha, "transfer_kv_direct"):  # from 0.5.13 the host pool binds its copy kernel only on GPU builds
     _mha.transfer_kv_direct = transfer_kv_direct
-if not torch.distributed.is_initialized():  # a one-process gloo group: SGLang's TP group of size 1
-    _rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
-    atexit.register(shutil.rmtree, _rendezvous, True)
-    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                    distributed_init_method="file://" + os.path.join(_rendezvous, "store"))
-if not ps.model_parallel_is_initialized():
-    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+one_process_group()
 
 def stop_event(c):  # what the controller's storage threads loop on (storage_stop_event from 0.5.10)
     return getattr(c, "storage_stop_event", None) or c.stop_event
@@ -682,14 +687,8 @@ server_args = ServerArgs(model_path="dummy", page_size=P, hicache_io_backend="di
 set_global_server_args_for_scheduler(server_args)
 if V >= (0, 5, 20):  # (0.5.19 reads the ranks off the process groups below)
     get_parallel().override_permanently(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
-if V < (0, 5, 21) and not torch.distributed.is_initialized():  # 0.5.19/0.5.20's controller asks the TP group its rank
-    from sglang.srt.distributed import parallel_state as ps
-    _rendezvous = tempfile.mkdtemp(prefix="kvoracle-gloo-")  # its store file, gone with the process
-    atexit.register(shutil.rmtree, _rendezvous, True)
-    ps.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                    distributed_init_method="file://" + os.path.join(_rendezvous, "store"))
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=1)
+if V < (0, 5, 21):  # 0.5.19/0.5.20's controller asks the TP group its rank
+    one_process_group()
 kv = MHATokenToKVPool(size=P * PAGES, page_size=P, dtype=torch.float16, head_num=1, head_dim=8, layer_num=1,
                       device="cpu", enable_memory_saver=False)
 alloc = PagedTokenToKVPoolAllocator(P * PAGES, P, torch.float16, "cpu", kvcache=kv, need_sort=False)
