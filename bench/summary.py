@@ -6,7 +6,8 @@ after every 10th (steps per second), Hypothesis alone on the cache machine's rul
 each installed engine's, the speed-up of a campaign on two worker processes, and
 bench/gpu_check.py's swap and audit figures where torch or cupy finds a CUDA device. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
-side in one run.
+side in one run; its last row says how many cores other processes kept busy just before
+each part began, so a figure measured beside other work is seen as such.
 
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
                             [--parts model-checker machines bookkeeping workers gpu]
@@ -21,6 +22,7 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import os
 import random
 import resource
 import sys
@@ -271,12 +273,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         "gpu": gpu,
     }
     rows: list[Row] = []
+    busy: list[str] = []
     for part, run in parts.items():
         if part not in a.parts:
             continue
+        before = busy_cores()
+        busy += [] if before is None else [f"{part} {before:.1f}"]
         print(f"measuring: {part} ...", file=sys.stderr, flush=True)
         rows += run()
+    if busy:
+        rows.append(("cores busy before each part", ", ".join(busy),
+                     f"of {os.cpu_count()}, in the second before the part began (this process idle): work of other "
+                     "processes; figures measured beside it are not comparable with a quiet run's"))
     print(columns(("measure", "figure", "how"), rows))
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """How many cores the machine's other processes kept busy over `seconds` (from
+    /proc/stat; None where there is none)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return sum(fields) - idle, sum(fields)
+    try:
+        busy0, total0 = sample()
+        time.sleep(seconds)
+        busy1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
 
 
 if __name__ == "__main__":
