@@ -28,11 +28,14 @@ from kvoracle.spec.types import Error, Ok, Partial, Timeout
 class RunResult:
     passed: bool
     violation: PropertyViolated | None
-    counterexample: tuple[str, ...]  # the shrunk steps, one call per line
+    counterexample: tuple[str, ...]  # the shrunk steps, one call per line, as Hypothesis prints them (replayable)
     seconds: float
     first_catch: int | None = None  # machine steps run when the violation was first seen
     known: dict[str, int] = field(default_factory=dict)  # known violation -> programs that showed it
     ended: Ended | None = None  # the engine ended the campaign's process (oracle.survival)
+    # the same steps as people read them, each drawn fault named (`readable`), rendered by
+    # the process that drew them: a printer in another process need not draw from the same pool
+    shown: tuple[str, ...] = ()
 
     @property
     def first_id(self) -> str:
@@ -92,7 +95,8 @@ def run_machine(
         # Outside the except block: teardown skips its drain check while an exception is handled.
         steps_found = minimize(machine, counterexample_steps(found), found)
         PropertyViolated.baseline = None
-    return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known)
+    return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known,
+                     shown=tuple(map(readable, steps_found)))
 
 
 @contextmanager
@@ -204,6 +208,14 @@ def same_finding(finding: PropertyViolated, other: PropertyViolated | None) -> b
 
 
 _DRAWN_FAULTS = re.compile(r"_faults\((\d+)\)")
+
+
+def shown(result: RunResult) -> tuple[str, ...]:
+    """The result's program as people read it: as the process that drew it rendered it;
+    where that process ended with the engine (its program comes from the journal), as
+    this process renders it, so the caller must draw from the campaign's fault pool
+    (`cli.use_target_faults`)."""
+    return result.shown or tuple(map(readable, result.counterexample))
 
 
 def readable(step: str) -> str:

@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 
 from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
 from kvoracle.oracle import campaign
-from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, readable, run_seeds
+from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, run_seeds, shown
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
 from kvoracle.oracle.findings import standalone, write_reproduction
@@ -117,7 +117,7 @@ def show(rows: Sequence[Row]) -> str:
         if r.result is None or r.result.violation is None:
             continue
         out.append(f"\n{r.target.name}: {r.result.violation}")
-        out += [f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)]
+        out += [f"  {i}. {step}" for i, step in enumerate(shown(r.result), 1)]
     return "\n".join(out)
 
 
@@ -292,7 +292,7 @@ def write_json(path: str, rows: Sequence[Row]) -> None:
         "first_catch": r.result.first_catch if r.result else None, "known": r.known,
         "ended": str(r.result.ended) if r.result and r.result.ended else None,  # its counts then ended with it
         "violation": str(r.result.violation) if r.result else None,
-        "counterexample": [readable(s) for s in r.result.counterexample] if r.result else [],
+        "counterexample": list(shown(r.result)) if r.result else [],
     } for r in rows]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -381,7 +381,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         if r.result.violation is None:
             continue
         print(f"\n{r.target}: {r.result.violation}")
-        print("\n".join(f"  {i}. {readable(step)}" for i, step in enumerate(r.result.counterexample, 1)))
+        print("\n".join(f"  {i}. {step}" for i, step in enumerate(shown(r.result), 1)))
         if r.reproduction is not None:
             print(standalone(r.reproduction, r.reproduces, r.result.first_id))
     found = [r for r in rows if r.result.violation is not None]
@@ -396,7 +396,7 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, s
     baseline = Baseline.parse(args.expect) if args.expect else None
     seeds = list(range(args.seed, args.seed + args.seeds))
     [row] = run_jobs([Job(target, seeds, args.examples, args.steps, False, settings, baseline)], 1, None)
-    use_target_faults(target)  # it ran in a process of its own: its drawn faults print as they were drawn
+    use_target_faults(target)  # as its campaign drew: a program journaled by a process the engine ended renders here
     sys.stderr.write("\n")
     print(table([row]))
     print_unchecked(adapter)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvoracle.oracle.campaign import (EXAMPLES, SEEDS, STEPS, RunResult, programs_per_seed, readable,
-                                      run_seeds)
+from kvoracle.oracle.campaign import (EXAMPLES, SEEDS, STEPS, RunResult, programs_per_seed, run_seeds,
+                                      shown)
 from kvoracle.oracle.mutants import MUTANTS, Mutant
 from kvoracle.oracle.targets import Target
 
@@ -61,7 +61,7 @@ def render(results: Mapping[str, RunResult]) -> str:
             out += ["- **survived**", ""]
             continue
         out += [f"- first violated: {r.violation.first_id}, after `{r.violation.step}`", "", "```"]
-        out += [f"{i}. {readable(s)}" for i, s in enumerate(r.counterexample, 1)]
+        out += [f"{i}. {step}" for i, step in enumerate(shown(r), 1)]
         out += [f"-> {v}" for v in r.violation.violations[:3]]
         out += ["```", ""]
     return "\n".join(out)

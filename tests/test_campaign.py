@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from kvoracle.kvcache.faults import FaultKind
 from kvoracle.oracle import garbage
 from kvoracle.oracle.cache_machine import Tally
-from kvoracle.oracle.campaign import replay, run_machine
+from kvoracle.oracle.campaign import readable, replay, run_machine, shown
 from kvoracle.oracle import cli
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.engines import file_module
 from kvoracle.oracle.findings import confirms, reproduction, run_reproduction, with_hash_seed
-from kvoracle.oracle.mutants import Mutant
+from kvoracle.oracle.mutants import Mutant, NoTimeout
+from kvoracle.oracle.scheduler_machine import use_faults
 from kvoracle.oracle.targets import Target
 from kvoracle.spec.types import Outcome, TransferId
 
@@ -133,6 +135,29 @@ def test_an_adapters_drawn_faults_print_as_its_campaign_drew_them(tmp_path: Path
     printed = re.findall(r"^  \d+\. (.*)$", done.stdout, re.M)
     assert printed == row["counterexample"] and any("hang" in step for step in printed), done.stdout
     assert not re.search(r"late|error|partial|raise|twice", " ".join(printed)), printed
+
+
+class Hanging(ReferenceScheduler):
+    """The reference without timeouts, over I/O that can only hang."""
+
+    name = "hanging"
+    fault_kinds = frozenset({FaultKind.HANG})
+    scheduler_class = NoTimeout
+
+
+def test_a_program_reads_as_the_process_that_drew_it_rendered_it() -> None:
+    """The counterexample's faults are named by the campaign's own process, so a printer
+    that draws from another fault pool (the parent of a worker) prints what was drawn."""
+    target = Target("hanging", "scheduler", None, Hanging)
+    cli.use_target_faults(target)
+    try:
+        result = run_machine(target.machine(), seed_value=0, examples=40, steps=100)
+    finally:
+        use_faults(None)  # the full fault model, as a parent that never set this target's
+    assert not result.passed and result.shown, "the hanging engine's LIVE-TRANSFER was not found"
+    assert shown(result) == result.shown and any("hang" in step for step in result.shown)
+    assert not re.search(r"late|error|partial|raise|twice", " ".join(result.shown))
+    assert tuple(map(readable, result.counterexample)) != result.shown  # what this process would have printed
 
 
 DRIFTING = '''

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoracle.oracle.campaign import EXAMPLES, SEEDS, STEPS, RunResult, programs_per_seed, readable, run_seeds
+from kvoracle.oracle.campaign import EXAMPLES, SEEDS, STEPS, RunResult, programs_per_seed, run_seeds, shown
 from kvoracle.oracle.findings import confirms, run_reproduction, write_reproduction
 from kvoracle.oracle.mutants import MUTANTS, Mutant
 from kvoracle.oracle.targets import Target
@@ -64,7 +64,7 @@ def test_mutant_is_killed_and_its_reproduction_fails_only_with_the_bug(mutant: M
     assert not result.passed, f"mutant {mutant.name} survived {SEEDS} seeds"
     assert result.first_id in mutant.kills, f"{mutant.name} killed by {result.first_id}, expected {mutant.kills}"
     print(f"\n{mutant.name} killed by {result.first_id} in {len(result.counterexample)} steps:")
-    print("\n".join(f"  {i}. {readable(s)}" for i, s in enumerate(result.counterexample, 1)))
+    print("\n".join(f"  {i}. {step}" for i, step in enumerate(shown(result), 1)))
     assert 1 <= len(result.counterexample) <= MAX_STEPS.get(mutant.name, 20)
 
     path, failure = write_reproduction(Target(mutant.name, mutant.level, mutant).machine(), result, tmp_path, mutant.name)
