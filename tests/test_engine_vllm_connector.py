@@ -25,14 +25,14 @@ from kvoracle.spec.types import RequestId
 
 ROWS = [vc.VllmConnector, vc.MooncakePreemptStore, vc.AbortDuringLoad, vc.AsyncConsumerFree, vc.IdleDelayedFree,
         vc.AbortLoadNeverAnswers, vc.FinishedRaises, vc.OffloadPrepareStoreEvicts, vc.VllmOffload,
-        vc.OffloadEvictsParentOfStore]
+        vc.OffloadEvictsParentOfStore, vc.OffloadAbortQueued]
 
 installed = vc.vllm_version()
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or not (0, 28, 0) <= installed <= vc.NEWEST,
     reason="vLLM 0.28.0 .. 0.34.0 (`make engines` installs 0.34.0 in .venv-vllm)")
 needs_offload_jobs = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or not vc.VllmOffload.versions[0] <= installed <= vc.NEWEST,
+    importlib.util.find_spec("vllm") is None or not (0, 29, 0) <= installed <= vc.NEWEST,
     reason="the offloading connector's job layout: vLLM 0.29.0 .. 0.34.0")
 
 

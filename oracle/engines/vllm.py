@@ -1,4 +1,4 @@
-"""vLLM's KVCacheManager and BlockPool (0.30.0 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
+"""vLLM's KVCacheManager and BlockPool (0.18.0 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
 
 admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slots
          also caches the full blocks); refused when allocate_slots returns None
@@ -8,7 +8,8 @@ evict  = BlockPool.evict_blocks of up to n cached blocks in the free queue (vLLM
          otherwise evicts lazily, when get_new_blocks reuses a cached free block)
 
 Block 0 is vLLM's null block and is never handed out; the usable ids are 1..N-1.
-Runs in `.venv-vllm` (`make engines`); importing this module does not import vLLM.
+Runs in `.venv-vllm` (`make engines`); importing this module does not import vLLM (the
+setup text is written for the installed release, read from its package metadata).
 """
 
 from __future__ import annotations
@@ -24,6 +25,18 @@ from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, NEWEST, vllm_vers
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
 MAX_LEN = 256
+
+# The KVCacheManager calls the setup makes changed between releases; each is written for the
+# installed release. Checked on 0.18.0, 0.20.2, 0.26.0, 0.29.0 and 0.30.0 .. 0.34.0; the gates
+# read from the sources of every release between.
+# KVCacheManager's constructor takes a required scheduler_block_size before hash_block_size
+# from 0.23.0 (PR 44165); up to 0.22.1 it takes hash_block_size alone, and refuses the keyword.
+SCHEDULER_BLOCK_SIZE_FROM = (0, 23, 0)
+# get_computed_blocks answers (blocks, hit tokens, shared_prefix_boundary) from 0.26.0 (the
+# junction a sparse-retention group pins; 0 here, one full-attention group); up to 0.25.1 it
+# answers (blocks, hit tokens).
+PREFIX_BOUNDARY_FROM = (0, 26, 0)
+
 
 def common(block: int, blocks: int, max_len: int) -> str:
     """What both setups share: the block hasher, the KV cache layout, requests."""
@@ -48,18 +61,23 @@ def request(rid, tokens):
 """
 
 
-def manager_preamble(block: int = BLOCK, blocks: int = NUM_BLOCKS, max_len: int = MAX_LEN) -> str:
+def manager_preamble(block: int = BLOCK, blocks: int = NUM_BLOCKS, max_len: int = MAX_LEN,
+                     vllm: tuple[int, ...] = ()) -> str:
     """The KVCacheManager setup, and admit (= match, then place) and grow as the
-    scheduler calls them; the bench builds it at its own size."""
+    scheduler calls them; the bench builds it at its own size. Written for release `vllm`
+    (default: the installed one; the newest when none is)."""
+    vllm = vllm or vllm_version() or NEWEST
+    sizes = f"scheduler_block_size={block}, " if vllm >= SCHEDULER_BLOCK_SIZE_FROM else ""
+    answer = "hit, hit_tokens, _" if vllm >= PREFIX_BOUNDARY_FROM else "hit, hit_tokens"
     return common(block, blocks, max_len) + f"""
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-mgr = KVCacheManager(config, max_model_len={max_len}, scheduler_block_size={block}, hash_block_size={block})
+mgr = KVCacheManager(config, max_model_len={max_len}, {sizes}hash_block_size={block})
 pool = mgr.block_pool
 
 
 def match(req):
-    hit, hit_tokens, _ = mgr.get_computed_blocks(req)
+    {answer} = mgr.get_computed_blocks(req)
     return hit, hit_tokens
 
 
@@ -146,9 +164,9 @@ class VllmAdapter(Scripted):
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.DOUBLE_FINISH})
     preamble = PREAMBLE
     assertions = ASSERTIONS
-    # get_computed_blocks answers three values from 0.30.0 (two in 0.25.1), and 0.19.1's
-    # KVCacheManager has no scheduler_block_size
-    releases = ((0, 30, 0), NEWEST)
+    # the calls that changed are chosen by release (SCHEDULER_BLOCK_SIZE_FROM,
+    # PREFIX_BOUNDARY_FROM); checked from 0.18.0, the oldest release campaigned
+    releases = ((0, 18, 0), NEWEST)
 
     def __init__(self) -> None:
         require_release("vLLM", vllm_version(), *self.releases, type(self).__name__)
@@ -222,6 +240,9 @@ class VllmSchedulerAdapter(VllmAdapter):
     name = "vllm-scheduler"
     operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     preamble = SCHEDULER_PREAMBLE
+    # not widened with VllmAdapter: the Scheduler's and its configs' construction is
+    # checked on these releases only
+    releases = ((0, 30, 0), NEWEST)
 
     def bind(self) -> None:
         super().bind()

@@ -17,12 +17,15 @@ side of a real connector. Three connectors:
   the stores and loads of each step's metadata run by kvoracle's worker, which ends a
   preempted request's stores at once (OffloadingConnectorWorker.handle_preemptions waits
   for them before the next forward); the CPU tier is observed. Two layouts, picked by the
-  installed release: 0.15 .. 0.18 (reqs_to_store / reqs_to_load, completions by request:
-  a finished request's free waits for its stores), and 0.29+ (load and store jobs by id,
-  completions in OffloadingWorkerMetadata.completed_jobs, a load's also by its request's
-  finished_recving; a finished request's blocks are freed at once and fenced while its
-  store jobs read them: handing one out again puts the jobs in jobs_to_flush, which the
-  worker waits for before the forward). The releases between are not driven.
+  installed release: 0.15 .. 0.20 (reqs_to_store / reqs_to_load, completions by request:
+  a finished request's free waits for its stores), and 0.21+ (vLLM PR 39186: load and
+  store jobs by id, completions in OffloadingWorkerMetadata.completed_jobs, a load's also
+  by its request's finished_recving; a finished request's blocks are freed at once and
+  fenced while its store jobs read them: handing one out again puts the jobs in
+  jobs_to_flush, which the worker waits for before the forward). Two CPU tiers: up to 0.18
+  an LRU/ARC manager over a CPUBackend, from 0.19 a CPUOffloadingManager with a CachePolicy
+  (vLLM PR 37874). Run on 0.18.0, 0.20.2, 0.26.0 and 0.29.0+; 0.19, 0.21 .. 0.25, 0.27 and
+  0.28 are driven as their changelogs place them, not run.
 
 The engine the adapter plays (the preamble's functions; vLLM's own in brackets):
 
@@ -64,15 +67,16 @@ blocks without a hash, cached = blocks with a hash; tables = live requests' bloc
 pinned = blocks an in-flight load writes or an in-flight store, send or (async, KV
 consumer) model step reads, except where the transfer's own request lists the block;
 in_flight = uncached blocks vLLM holds for an in-flight transfer that no table lists (a
-fenced block on the free queue, 0.29+ offloading, is the store's: neither free nor
+fenced block on the free queue, 0.21+ offloading, is the store's: neither free nor
 evictable);
 refcounts = ref_cnt less the references vLLM holds for transfers. A request vLLM has
 marked finished but whose exit raised before its free (request_finished raised) has not
 exited: it keeps its status and table, which is what LIVE-EXIT judges. A request holding
 blocks while it waits (WAITING_FOR_REMOTE_KVS) counts as admitted (running), as spec's
 admit with a prefetch in flight does. observe_cpu: the offloading connector's CPU tier
-(else an empty tier), with the tree its lookups walk (see observe_cpu), and from 0.29 its
-manager's counters (idle and write-pending chunks) recounted.
+(else an empty tier), with the tree its lookups walk (see observe_cpu), and where its
+manager keeps them (0.26.0 and 0.29+; not 0.20.2) its counters of idle and write-pending
+chunks, recounted.
 
 Importing this module does not import vLLM.
 """
@@ -94,7 +98,14 @@ from kvoracle.spec.state import EXITED, Status, System
 from kvoracle.spec.types import RequestId
 
 OLDEST, NEWEST = (0, 15, 1), (0, 34, 0)
-JOBS_FROM = (0, 29, 0)  # the offloading connector's transfer jobs by id (OffloadingWorkerMetadata)
+# The offloading connector's releases (offload_layout picks the preamble's texts from these):
+# vLLM PR 37874 (0.19.0) made the CPU tier one CPUOffloadingManager with a pluggable CachePolicy
+# (LRU or ARC) over a pool of its own, in place of LRUOffloadingManager / ARCOffloadingManager
+# over a CPUBackend; vLLM PR 39186 (0.21.0, "per-job store completion") keys loads and stores by
+# job id and reports their completions in OffloadingWorkerMetadata, not by request.
+POLICY_FROM = (0, 19, 0)  # the CPU tier's CachePolicy (PR 37874)
+JOBS_FROM = (0, 21, 0)  # the offloading connector's transfer jobs by id (PR 39186)
+IDLE_STEPS_FROM = (0, 22, 0)  # EngineCore steps while a delayed free is pending (PR 43433)
 
 HEAD = """\
 import inspect, json, logging, os, sys, tempfile, time, types
@@ -379,7 +390,7 @@ class Worker:
             if t.kind == "load":
                 recving.add(t.req)
                 invalid.update(bad)
-                if t.key is not None:  # 0.29+ offloading: a load job is also reported by id
+                if t.key is not None:  # 0.21+ offloading: a load job is also reported by id
                     jobs[t.key] = 1
             elif t.kind in ("send", "release"):
                 sending.add(t.req)
@@ -499,7 +510,9 @@ def chains():
 
 OFFLOAD_BY_REQUEST = '''
 
-# --- its 0.15 .. 0.18 layout: reqs_to_store / reqs_to_load, completions by request ----------
+# --- its 0.15 .. 0.20 layout: reqs_to_store / reqs_to_load, completions by request ----------
+# (0.19 and 0.20 moved it into the offloading/ package and key the CPU tier by OffloadKey, a
+# block hash with its KV cache group; the metadata, preemptions and completions are 0.18's)
 W.keyed_by_request = True  # a finished request's free waits for its stores (finished_sending)
 
 
@@ -519,6 +532,10 @@ def take(out):
     for rid, (src, dst) in meta.reqs_to_load.items():
         W.start("load", rid, _ids(dst))
 
+'''
+
+# --- the CPU tier up to 0.18: LRU/ARCOffloadingManager over a CPUBackend -----------------------
+CPU_BACKEND = '''
 
 def evict_cpu():  # every stored CPU block no load reads, leaves first (a chain's last block first)
     m = cpu_manager()
@@ -534,13 +551,12 @@ def evict_cpu():  # every stored CPU block no load reads, leaves first (a chain'
 
 OFFLOAD_BY_JOB = '''
 
-# --- its 0.29+ layout: load and store jobs by id, completions in OffloadingWorkerMetadata ---
+# --- its 0.21+ layout (PR 39186): load and store jobs by id, completions in OffloadingWorkerMetadata ---
 # The worker submits a step's store jobs at the next step's start and its loads at once;
 # before the forward it waits for the jobs the step flushes (jobs_to_flush: a preempted
 # request's stores, and stores still reading blocks handed out again); every job ends by
 # its id in completed_jobs, a load also by its request's finished_recving.
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
-from vllm.v1.kv_offload.base import make_offload_key
 
 
 def worker_meta(jobs):
@@ -567,10 +583,19 @@ def take(out):
     for jid, job in meta.load_jobs.items():
         assert not getattr(job, "sync", False), "sync loads (sync_load_budget_bytes) are not driven"
         W.start("load", job.req_id, _ids(job.dst_spec), key=jid)
+'''
+
+# --- the CPU tier from 0.19 (PR 37874): CPUOffloadingManager, its CachePolicy holding the
+# blocks ("chunks" from 0.3x) by OffloadKey, and a pool of its own (_free_list) ----------------
+CPU_POLICY = '''
+try:
+    from vllm.v1.kv_offload.base import make_offload_key
+except ImportError:  # vllm.v1.kv_offload.abstract in 0.19 and 0.20 (kv_offload/base.py by 0.26)
+    from vllm.v1.kv_offload.abstract import make_offload_key
 
 
 def slot(obj, name):
-    """The name of a CPU manager's field: "..chunk.." from 0.3x, "..block.." in 0.29."""
+    """The name of a CPU manager's field: "..chunk.." from 0.3x, "..block.." before."""
     return name if hasattr(obj, name) else name.replace("chunk", "block")
 
 
@@ -591,7 +616,8 @@ def evict_cpu():  # every idle chunk not before a busy one in its chain, as prep
             k = parent.get(k)
     evicted = m._policy.evict(len(chunks.keys() - keep), keep) or []
     count = slot(m, "_num_evictable_cache_chunks")
-    setattr(m, count, getattr(m, count) - len(evicted))
+    if hasattr(m, count):  # the manager's count of idle chunks: not in 0.20.2, in 0.26.0
+        setattr(m, count, getattr(m, count) - len(evicted))
     for _, c in evicted:
         getattr(m, slot(m, "_free_chunk"))(c)
 '''
@@ -670,8 +696,8 @@ def _step():
 
 
 def guarded(call, faults=()):
-    """Run one engine call under faults; the exception it raised, if any (so that a
-    reproduction runs on past it, and the checker sees it)."""
+    """Run one engine call under faults; the exception it raised, if any, handed back
+    once the worker's plan is cleared (the adapter's recorded statement raises it)."""
     faults_of(faults)
     try:
         call()
@@ -821,8 +847,11 @@ class VllmConnector(Scripted):
 
     def offload_layout(self) -> str:
         """The offloading connector's layout in the installed release: completions by
-        request up to 0.18, by job id from 0.29 (the releases between are not driven)."""
-        return OFFLOAD_BY_JOB if self.vllm >= JOBS_FROM else OFFLOAD_BY_REQUEST
+        request up to 0.20, by job id from 0.21 (PR 39186); the CPU tier a manager over a
+        CPUBackend up to 0.18, a CPUOffloadingManager with a CachePolicy from 0.19 (PR
+        37874). Checked on 0.18.0, 0.20.2, 0.26.0, 0.29.0 (and the pinned releases)."""
+        transfers = OFFLOAD_BY_JOB if self.vllm >= JOBS_FROM else OFFLOAD_BY_REQUEST
+        return transfers + (CPU_POLICY if self.vllm >= POLICY_FROM else CPU_BACKEND)
 
     def bind(self) -> None:
         ns = self.namespace
@@ -838,9 +867,10 @@ class VllmConnector(Scripted):
     # --- operations ------------------------------------------------------------------------
 
     def _call(self, statement: str) -> None:
-        error = self.run(f"_ = {statement}")
-        if isinstance(error, BaseException):
-            raise error
+        """One engine call; what it raised (the preamble's `guarded` hands it back) is raised
+        again by the recorded statement itself, so that a reproduction ends where the
+        campaign's program did, with that exception (VALID-INPUT), and does not run on."""
+        self.run(f"_ = {statement}\nif isinstance(_, BaseException):\n    raise _")
 
     def submit(self, r: RequestId, tokens: Sequence[int]) -> None:
         self.run(f"submit('r{r}', {list(tokens)})")
@@ -952,8 +982,8 @@ class VllmConnector(Scripted):
 
     def _fenced(self) -> set[int]:
         """Blocks on the free queue that an in-flight store job still reads, fenced by the
-        offloading connector (0.29+: _block_id_to_pending_jobs): handing one out again
-        flushes the job first (jobs_to_flush), so the job owns the block until it ends."""
+        offloading connector (0.21+, PR 39186: _block_id_to_pending_jobs): handing one out
+        again flushes the job first (jobs_to_flush), so the job owns the block until it ends."""
         side = getattr(getattr(self.sched, "connector", None), "connector_scheduler", None)
         fences: Mapping[int, set[int]] = getattr(side, "_block_id_to_pending_jobs", {})
         running = {t.key for t in self.worker.live.values() if t.kind == "store"}
@@ -1022,10 +1052,11 @@ class VllmConnector(Scripted):
         )
 
     def _observe_chunks(self, m: Any) -> Observation:
-        """observe_cpu for 0.29+: the manager's chunk pool (its free list and the ids never
-        handed out) and its policy's chunks by offload key (a block hash and its KV cache
-        group: one group here). A chunk being written (ref_cnt -1) is owned by its store;
-        one a load reads (ref_cnt > 0) is pinned. Its counters are recounted."""
+        """observe_cpu from 0.19 (PR 37874's CPUOffloadingManager): the manager's chunk pool
+        (its free list and the ids never handed out) and its policy's chunks by offload key
+        (a block hash and its KV cache group: one group here). A chunk being written
+        (ref_cnt -1) is owned by its store; one a load reads (ref_cnt > 0) is pinned. Its
+        counters, where it keeps them, are recounted."""
         chunks: dict[Any, Any] = self.namespace["cpu_chunks"]()  # type: ignore[operator]
         slot: Any = self.namespace["slot"]
 
@@ -1035,10 +1066,12 @@ class VllmConnector(Scripted):
         ids = {k: int(getattr(c, "chunk_id", getattr(c, "block_id", -1))) for k, c in chunks.items()}
         by_hash = {bytes(k)[:-4]: c for k, c in chunks.items()}
         nodes = _rooted(by_hash, self._parents())
-        counters = {"_num_evictable_cache_chunks": (
-                        field("_num_evictable_cache_chunks"), sum(c.ref_cnt == 0 for c in chunks.values())),
-                    "_num_write_pending_chunks": (
-                        field("_num_write_pending_chunks"), sum(c.ref_cnt < 0 for c in chunks.values()))}
+        counters: dict[str, tuple[int, int]] = {}
+        if hasattr(m, slot(m, "_num_evictable_cache_chunks")):  # not in 0.19 .. 0.20 (0.20.2: none)
+            counters = {"_num_evictable_cache_chunks": (
+                            field("_num_evictable_cache_chunks"), sum(c.ref_cnt == 0 for c in chunks.values())),
+                        "_num_write_pending_chunks": (
+                            field("_num_write_pending_chunks"), sum(c.ref_cnt < 0 for c in chunks.values()))}
         evictable = getattr(m._policy, "_evictable", None)  # LRU's set of idle chunks
         if evictable is not None:
             counters["LRUCachePolicy._evictable"] = (
@@ -1189,9 +1222,11 @@ class OffloadPrepareStoreEvicts(VllmConnector):
 
 class VllmOffload(VllmConnector):
     """vLLM's current CPU offloading tier: OffloadingConnector with CPUOffloadingSpec (LRU),
-    its 0.29+ layout (load and store jobs by id, completions in OffloadingWorkerMetadata,
-    a finished request's blocks freed at once and fenced while its stores read them).
-    Every fault kind; the CPU tier has 4 blocks, so stores evict and fail to find room.
+    its 0.21+ layout (load and store jobs by id, completions in OffloadingWorkerMetadata,
+    a finished request's blocks freed at once and fenced while its stores read them), and
+    on 0.19 .. 0.20 the by-request layout over the same CachePolicy tier (a busy engine
+    below 0.22: see __init__). Every fault kind; the CPU tier has 4 blocks, so stores evict
+    and fail to find room.
 
     Two findings, in 0.29.0 .. 0.34.0: a store job that never answers is waited for forever
     (LIVE-TRANSFER: no timeout, as everywhere in vLLM's connectors); and
@@ -1199,12 +1234,37 @@ class VllmOffload(VllmConnector):
     store's own keys (LRUCachePolicy.evict with protected = those keys), so it evicts the
     parent of a chunk another job is still writing or a load reads: that chunk stays on the
     CPU tier without its prefix, where no lookup reaches it (INV-HEAP-SOUND on the CPU
-    tier, spec's INV-TREE; the shape of PR 35846 across requests)."""
+    tier, spec's INV-TREE; the shape of PR 35846 across requests). The second is in 0.20.2
+    and 0.26.0 too (the same prepare_store). 0.26.0 first fails VALID-INPUT: aborting a
+    request never scheduled makes the next schedule() raise AssertionError in
+    _build_store_jobs (vLLM issue 49118); 0.20.2 also stores a resumed request's later
+    chunk after its earlier ones were evicted, without its prefix (the store cursor is not
+    rewound on preemption)."""
 
     name = "vllm-offload"
     connector = "offload"
     cpu_blocks = 4
-    versions = (JOBS_FROM, NEWEST)
+    versions = (POLICY_FROM, NEWEST)
+
+    def __init__(self) -> None:
+        # Before 0.22 (vLLM PR 43433, IdleDelayedFree's bug) the engine stops stepping once the
+        # last finished request whose free waits for its stores has been reported: every
+        # program that finishes a stored request ends in LIVE-TRANSFER. On 0.19 .. 0.21 the row
+        # runs a busy engine, as OffloadPrepareStoreEvicts does, so it reaches the CPU tier.
+        if vllm_version() < IDLE_STEPS_FROM:
+            self.busy = True
+        super().__init__()
+
+
+class OffloadAbortQueued(VllmOffload):
+    """VllmOffload steered to vLLM issue 49118 alone: a CPU tier no store has to make room
+    in (so not OffloadEvictsParentOfStore's finding) and no store that never answers. What
+    is left: aborting a request that was never scheduled, after which the next schedule()
+    raises AssertionError in _build_store_jobs (0.26.0; 0.27.0 has PR 49146's fix)."""
+
+    name = "vllm-offload-abort-queued"
+    fault_kinds = frozenset(ALL_KINDS - {FaultKind.HANG})
+    cpu_blocks = 64
 
 
 class OffloadEvictsParentOfStore(VllmOffload):

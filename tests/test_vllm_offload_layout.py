@@ -1,0 +1,37 @@
+"""The vLLM adapter's offloading layouts, picked by release (no vLLM needed: the preamble
+is source text, built and compiled here, never run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoracle.oracle.engines import vllm_connector as vc
+
+
+def layout(release: tuple[int, ...]) -> str:
+    row = object.__new__(vc.VllmOffload)  # no engine: only the release the texts are picked by
+    row.vllm = release
+    return row.offload_layout()
+
+
+@pytest.mark.parametrize(("release", "texts"), [
+    ((0, 15, 1), (vc.OFFLOAD_BY_REQUEST, vc.CPU_BACKEND)),
+    ((0, 18, 0), (vc.OFFLOAD_BY_REQUEST, vc.CPU_BACKEND)),
+    ((0, 19, 0), (vc.OFFLOAD_BY_REQUEST, vc.CPU_POLICY)),  # PR 37874: the CachePolicy tier
+    ((0, 20, 2), (vc.OFFLOAD_BY_REQUEST, vc.CPU_POLICY)),
+    ((0, 21, 0), (vc.OFFLOAD_BY_JOB, vc.CPU_POLICY)),  # PR 39186: jobs by id
+    ((0, 26, 0), (vc.OFFLOAD_BY_JOB, vc.CPU_POLICY)),
+    ((0, 29, 0), (vc.OFFLOAD_BY_JOB, vc.CPU_POLICY)),
+    ((0, 34, 0), (vc.OFFLOAD_BY_JOB, vc.CPU_POLICY)),
+])
+def test_each_release_gets_its_transfers_and_its_cpu_tier(release: tuple[int, ...], texts: tuple[str, str]) -> None:
+    assert layout(release) == "".join(texts)
+
+
+@pytest.mark.parametrize("release", [(0, 18, 0), (0, 20, 2), (0, 26, 0), (0, 29, 0)])
+def test_every_layout_is_python_that_defines_what_the_engine_calls(release: tuple[int, ...]) -> None:
+    source = vc.OFFLOAD_PART + layout(release)
+    code = compile(source, "<offload layout>", "exec")
+    for name in ("take", "on_preempt", "evict_cpu"):
+        assert name in code.co_names, name
+
