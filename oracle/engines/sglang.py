@@ -1,15 +1,28 @@
-"""SGLang 0.5.23's RadixCache with its paged allocator (sglang.srt.mem_cache) behind the
-adapter Protocol, driven the way its scheduler does (prefill admission, decode, and
-`release_kv_cache` at finish), with block = page = 4 tokens and 6 pages.
+"""SGLang's RadixCache with its paged allocator (sglang.srt.mem_cache) behind the adapter
+Protocol, driven the way its scheduler does (prefill admission, decode, and the release's
+own finishing call), with block = page = 4 tokens and 6 pages. Releases 0.5.5.post3 ..
+0.5.23; the preamble gates each API difference on V, the installed release.
 
 admit  = match_prefix, lock the matched node, evict if short, allocate the rest, write
          the request's req_to_token row; refused (match unlocked) when pages are short
 grow   = fill the last page, allocate pages for the rest (evicting if short)
-finish = checkpoint (insert the page-aligned tokens, free duplicate pages), free the
-         unaligned tail, unlock, free the row
-evict  = RadixCache.evict(num_tokens)
+finish = 0.5.22+: what release_kv_cache does (checkpoint: insert the page-aligned tokens,
+         free duplicate pages; free the unaligned tail, unlock, free the row); before
+         0.5.22: the release's own release_kv_cache(req, tree) on a request carrying the
+         fields it reads (0.5.21: insert_req, free_kv_row, unpin; 0.5.19 .. 0.5.20 and up
+         to 0.5.11: cache_finished_req, which inserts, frees and dec_lock_refs)
+evict  = RadixCache.evict(num_tokens) (EvictParams from 0.5.9)
 
-Runs in `.venv-sglang` (`make engines`); importing this module does not import SGLang.
+Where releases differ: match_prefix takes MatchPrefixParams from 0.5.8 (a RadixKey
+before) and answers a length (device_prefix_len) from 0.5.22 (the slots, device_indices,
+before); locks are tree.lock/unlock handles from 0.5.22 (inc_lock_ref/dec_lock_ref on
+the node before); the request's KV fields live in req.kv (ReqKvInfo) from 0.5.19 (on the
+request before) and its token ids are arrays from 0.5.19 (lists before); rows are taken
+with alloc_rows from 0.5.19 (alloc([req]) in 0.5.10 .. 0.5.11, alloc(1) before); the
+cache is built from CacheInitParams from 0.5.6 (keywords in 0.5.5.post3).
+
+Runs in `.venv-sglang` (`make engines`) or `.venv-hunt/sglang-*`; importing this module
+does not import SGLang.
 """
 
 from __future__ import annotations
@@ -64,29 +77,93 @@ sys.meta_path.insert(0, _TorchvisionStandIn())
 
 def preamble(page: int = PAGE, pages: int = PAGES, rows: int = 8, context: int = 256) -> str:
     """The allocator, request rows and radix cache, and admit (= match, then place),
-    grow and finish as the scheduler calls them; the bench builds it at its own size."""
+    grow and finish as the scheduler calls them; the bench builds it at its own size.
+    Each difference between releases is gated by V, the installed release."""
     return TORCHVISION_STANDIN + f"""
 from array import array
+import importlib.util
+from importlib.metadata import version as _version
 from types import SimpleNamespace
 
 import torch
+
+V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))  # 0.5.5.post3: (0, 5, 5, 3)
+
+
+class _SglKernelStandIn(_TorchvisionStandIn):
+    # 0.5.6 .. 0.5.10.post1: radix_cache imports the host pool (hicache_storage), which imports sgl_kernel's
+    # CUDA kernels at module level; the radix cache never calls them, and a CPU machine has no sgl_kernel.
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "sgl_kernel" else None
+
+
+if (0, 5, 6) <= V < (0, 5, 11) and importlib.util.find_spec("sgl_kernel") is None:
+    sys.meta_path.insert(0, _SglKernelStandIn())
+
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+# The params objects came one release apart: match_prefix's in 0.5.8, evict's in 0.5.9 (a bare key and a
+# token count before).
+if V >= (0, 5, 8):
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+if V >= (0, 5, 9):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+if V < (0, 5, 22):  # before tree.checkpoint/tree.unlock: finish is the scheduler's own call, release_kv_cache
+    from sglang.srt.managers.schedule_batch import Req as _Req
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    # release_kv_cache and Req's KV-length methods read the published server args
+    # (get_global_server_args() up to 0.5.11; from 0.5.19 runtime_context's get_serving()/get_spec())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size={page}))
+if (0, 5, 19) <= V < (0, 5, 22):  # the request's KV bookkeeping moved to a record, req.kv, in 0.5.19
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
 
 P = {page}
 alloc = PagedTokenToKVPoolAllocator({page * pages}, P, torch.float16, "cpu", kvcache=None, need_sort=False)  # pages 1..{pages}
 rows = ReqToTokenPool(size={rows}, max_context_len={context}, device="cpu", enable_memory_saver=False)
-tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=P))
+if V >= (0, 5, 6):
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=P))
+else:  # 0.5.5.post3 takes its settings as keywords
+    tree = RadixCache(req_to_token_pool=rows, token_to_kv_pool_allocator=alloc, page_size=P, disable=False)
+
+
+class Req(SimpleNamespace):  # a request as the release's finishing path reads it (below 0.5.22)
+    if V < (0, 5, 19):  # the KV fields are the request's own: req.kv is the request
+        kv = property(lambda self: self)
+
+
+# Req's own KV-length methods, borrowed: release_kv_cache asks the request what to keep and free
+# (0.5.21: owned_kv_len; 0.5.19, 0.5.20: effective_kv_committed_len; up to 0.5.11:
+# pop_committed_kv_cache, which 0.5.10/0.5.11 answer with _cache_commit_len, and pop_overallocated_kv_cache).
+for _name in ("owned_kv_len", "effective_kv_committed_len", "_cache_commit_len", "pop_committed_kv_cache",
+              "pop_overallocated_kv_cache"):
+    if V < (0, 5, 22) and hasattr(_Req, _name):
+        setattr(Req, _name, getattr(_Req, _name))
+
+
+def ids(tokens):  # token ids as the release's Req holds them: arrays from 0.5.19, lists before
+    return array("q", tokens) if V >= (0, 5, 19) else list(tokens)
 
 
 def request(rid, tokens):
-    ids = array("q", tokens)
-    kv = SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0, swa_evict_floor=0)
-    return SimpleNamespace(rid=rid, full_untruncated_fill_ids=ids, origin_input_ids=ids, extra_key=None,
-                           cache_salt=None, priority=None, kv=kv, lock=None, last_node=None)
+    ids_ = ids(tokens)
+    if V >= (0, 5, 22):
+        kv = SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0, swa_evict_floor=0)
+        return SimpleNamespace(rid=rid, full_untruncated_fill_ids=ids_, origin_input_ids=ids_, extra_key=None,
+                               cache_salt=None, priority=None, kv=kv, lock=None, last_node=None)
+    req = Req(rid=rid, full_untruncated_fill_ids=ids_, fill_ids=ids_, origin_input_ids=ids_, output_ids=ids(()),
+              extra_key=None, cache_salt=None, priority=None, lock=None, last_node=None, skip_radix_cache_insert=False,
+              reasoning_tokens=0, prefix_indices=None, last_matched_prefix_len=0)
+    if V >= (0, 5, 19):
+        req.kv = ReqKvInfo()
+    else:
+        req.req_pool_idx, req.cache_protected_len, req.mamba_pool_idx = None, 0, None
+        req.kv_committed_len = req.kv_allocated_len = 0
+        req.kv_committed_freed = req.kv_overallocated_freed = False
+    return req
 
 
 def pages_for(req, n):  # n new tokens: the free slots of the last page first, then whole pages
@@ -94,30 +171,66 @@ def pages_for(req, n):  # n new tokens: the free slots of the last page first, t
     return max(0, -(-(have + n) // P) - -(-have // P))
 
 
+def evict(tokens):  # RadixCache.evict; the tokens it freed (0.5.5.post3, 0.5.6 return nothing: counted here)
+    if V >= (0, 5, 9):
+        return tree.evict(EvictParams(num_tokens=tokens)).num_tokens_evicted
+    before = alloc.available_size()
+    tree.evict(tokens)
+    return alloc.available_size() - before
+
+
 def room(pages):  # as the scheduler does before allocating: evict the tree for the shortfall
     short = pages * P - alloc.available_size()
     if short > 0:
-        tree.evict(EvictParams(num_tokens=short))
+        evict(short)
     return alloc.available_size() >= pages * P
 
 
 def match(req):
-    m = tree.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids)))
-    req.last_node, matched = m.last_device_node, m.device_prefix_len
-    req.lock = tree.lock(req.last_node)  # the matched prefix cannot be evicted from here on
-    return matched
+    if V >= (0, 5, 22):
+        m = tree.match_prefix(MatchPrefixParams(key=RadixKey(req.full_untruncated_fill_ids)))
+        req.last_node, matched = m.last_device_node, m.device_prefix_len
+        req.lock = tree.lock(req.last_node)  # the matched prefix cannot be evicted from here on
+        return matched
+    key = RadixKey(req.full_untruncated_fill_ids, req.extra_key)
+    m = tree.match_prefix(MatchPrefixParams(key=key) if V >= (0, 5, 8) else key)
+    req.last_node, req.prefix_indices = m.last_device_node, m.device_indices  # before 0.5.22 the match carries its slots
+    req.last_matched_prefix_len = len(req.prefix_indices)
+    tree.inc_lock_ref(req.last_node)  # before 0.5.22 a lock is the node's lock_ref; released by dec_lock_ref(last_node)
+    req.lock = req.last_node
+    return len(req.prefix_indices)
+
+
+def unlock(req):
+    if V >= (0, 5, 22):
+        tree.unlock(req.lock)
+    else:
+        tree.dec_lock_ref(req.last_node)
+    req.lock = None
+
+
+def take_row(req):  # the request's req_to_token row, as the release's scheduler takes it
+    if V >= (0, 5, 19):
+        req.kv.req_pool_idx = rows.alloc_rows(1)[0]
+    elif V >= (0, 5, 10):  # alloc(reqs) sets req.req_pool_idx itself
+        rows.alloc([req])
+    else:  # 0.5.5.post3, 0.5.6: alloc(count)
+        req.req_pool_idx = rows.alloc(1)[0]
+    return req.kv.req_pool_idx
 
 
 def place(req, matched):  # None: no room, and the match is unlocked
     new = len(req.full_untruncated_fill_ids) - matched
     if not room(-(-new // P)):
-        tree.unlock(req.lock)
-        req.lock = None
+        unlock(req)
         return None
-    row = req.kv.req_pool_idx = rows.alloc_rows(1)[0]
+    row = take_row(req)
     req.kv.cache_protected_len = matched
-    rows.write((row, slice(0, matched)), tree.path_device_indices(req.last_node)[:matched])
+    prefix = tree.path_device_indices(req.last_node)[:matched] if V >= (0, 5, 22) else req.prefix_indices
+    rows.write((row, slice(0, matched)), prefix)
     rows.write((row, slice(matched, matched + new)), alloc.alloc(-(-new // P) * P)[:new].to(torch.int32))
+    if V < (0, 5, 22):  # the KV the row holds, all of it committed (no speculative overallocation)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(req.full_untruncated_fill_ids)
     return matched
 
 
@@ -143,11 +256,26 @@ def grow(req, tokens):
         rows.write((row, slice(have, have + in_page)), torch.arange(last + 1, last + 1 + in_page, dtype=torch.int32))
     if fresh:
         rows.write((row, slice(have + in_page, have + n)), alloc.alloc(fresh * P)[: n - in_page].to(torch.int32))
-    req.full_untruncated_fill_ids = req.full_untruncated_fill_ids + array("q", tokens)
+    if V >= (0, 5, 22):
+        req.full_untruncated_fill_ids = req.full_untruncated_fill_ids + array("q", tokens)
+    else:  # decoded tokens are the request's output; its fill ids are prompt + output
+        req.output_ids = req.output_ids + ids(tokens)
+        req.full_untruncated_fill_ids = req.fill_ids = req.origin_input_ids + req.output_ids
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(req.full_untruncated_fill_ids)
     return True
 
 
-def finish(req):  # what release_kv_cache(req, tree, checkpoint=True) does for a plain request
+def finish(req):
+    if V < (0, 5, 22):
+        # The release's own finishing call, as its scheduler makes it for a finished request:
+        # insert the page-aligned tokens, free the duplicates and the unaligned tail, unlock,
+        # free the row (0.5.21: insert_req, free_kv_row, unpin; 0.5.10 .. 0.5.20:
+        # cache_finished_req; 0.5.5.post3, 0.5.6: cache_finished_req frees the row too).
+        release_kv_cache(req, tree)
+        req.lock = None
+        running.pop(req.rid, None)
+        return
+    # what release_kv_cache(req, tree, checkpoint=True) does for a plain request (0.5.22+)
     end = len(req.full_untruncated_fill_ids)
     tree.checkpoint(req, up_to=end)
     alloc.free(rows.req_to_token[req.kv.req_pool_idx, req.kv.cache_protected_len:end].to(torch.int64))
@@ -200,7 +328,7 @@ class SglangAdapter(Scripted):
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_UNLOCK})
     preamble = PREAMBLE
     assertions = ASSERTIONS
-    releases = ((0, 5, 22), (0, 5, 23))  # MatchResult.device_prefix_len is 0.5.22's
+    releases = ((0, 5, 5, 3), (0, 5, 23))  # each difference gated by release in the preamble
 
     def __init__(self) -> None:
         from kvoracle.oracle.engines.sglang_hicache import sglang_version  # it imports this module
@@ -232,8 +360,10 @@ class SglangAdapter(Scripted):
         self.run(f"finish({rid})")
 
     def evict(self, blocks: int) -> int:
-        done: Any = self.run(f"_ = tree.evict(EvictParams(num_tokens={blocks * PAGE}))")
-        return int(done.num_tokens_evicted) // PAGE
+        if "EvictParams" in self.namespace:  # 0.5.9+
+            done: Any = self.run(f"_ = tree.evict(EvictParams(num_tokens={blocks * PAGE}))")
+            return int(done.num_tokens_evicted) // PAGE
+        return int(self.run(f"_ = evict({blocks * PAGE})")) // PAGE  # a token count, returning nothing
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         free = self.alloc.free_pages.tolist()

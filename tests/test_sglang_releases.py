@@ -1,0 +1,47 @@
+"""SglangAdapter drives SGLang 0.5.5.post3 .. 0.5.23, each API difference gated in its
+preamble by the installed release: checked without SGLang."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from kvoracle.oracle.engines import require_release
+from kvoracle.oracle.engines.sglang import ASSERTIONS, SglangAdapter, preamble
+
+
+def test_the_range_runs_from_0_5_5_post3_to_0_5_23() -> None:
+    assert SglangAdapter.releases == ((0, 5, 5, 3), (0, 5, 23))
+
+
+@pytest.mark.parametrize("installed", [(0, 5, 5, 3), (0, 5, 6), (0, 5, 10, 1), (0, 5, 11), (0, 5, 19), (0, 5, 21),
+                                       (0, 5, 22), (0, 5, 23)])
+def test_a_release_in_the_range_is_driven(installed: tuple[int, ...]) -> None:
+    require_release("sglang", installed, *SglangAdapter.releases, "SglangAdapter")
+
+
+@pytest.mark.parametrize("installed", [(0, 5, 5, 2), (0, 5, 4), (0, 5, 24)])
+def test_a_release_outside_the_range_is_refused(installed: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVORACLE_NEWER_RELEASES", raising=False)
+    with pytest.raises(RuntimeError, match="SglangAdapter drives sglang 0.5.5.3 .. 0.5.23"):
+        require_release("sglang", installed, *SglangAdapter.releases, "SglangAdapter")
+
+
+def test_the_preamble_compiles_at_any_size() -> None:
+    for args in ((), (4, 48), (8, 6, 16, 512)):
+        compile(preamble(*args), "<preamble>", "exec")
+    compile(ASSERTIONS, "<assertions>", "exec")
+
+
+def test_every_gate_falls_inside_the_range() -> None:
+    low, high = SglangAdapter.releases
+    gates = {tuple(int(p) for p in g.split(", ")) for g in re.findall(r"V [<>]=? \(([\d, ]+)\)", preamble())}
+    assert gates and all(low < g <= (*high[:2], high[2] + 1) for g in gates), sorted(gates)
+
+
+def test_importing_the_adapter_imports_no_sglang() -> None:
+    code = "import sys, kvoracle.oracle.engines.sglang; print('sglang' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
