@@ -53,6 +53,23 @@ def test_the_default_row_suffers_every_fault_kind_and_the_rows_steer_away_from_e
     assert vc.FinishedRaises.fault_kinds == {FaultKind.RAISE}
 
 
+def test_a_call_the_engine_raised_in_raises_again_where_a_reproduction_replays_it() -> None:
+    """The preamble's calls hand back what the engine raised; the recorded statement raises
+    it again, so a reproduction whose last call raised (VALID-INPUT) fails there, as the
+    campaign did, rather than running on past it (no vLLM needed: the namespace stands in)."""
+    adapter = object.__new__(vc.VllmConnector)
+    crash = AssertionError("_build_store_jobs")
+    adapter.lines, adapter.namespace = [], {"step": lambda faults: crash, "tick": lambda n: None}
+    adapter.tick(1)  # a call that raised nothing runs on
+    with pytest.raises(AssertionError) as raised:
+        adapter.schedule([])
+    assert raised.value is crash
+    replay: dict[str, object] = {"step": lambda faults: crash, "tick": lambda n: None}
+    exec(adapter.lines[0], replay)
+    with pytest.raises(AssertionError):
+        exec(adapter.lines[1], replay)  # the script, run on its own, stops where the campaign did
+
+
 def test_engines_writing_the_tiny_model_never_show_each_other_half_a_config(tmp_path: Path) -> None:
     # Campaigns side by side share the tiny model's folder: each engine writes the config as
     # it starts, while another may be reading it (a half-written one broke engine builds).
