@@ -1,4 +1,4 @@
-"""VllmAdapter's setup text is written for the installed vLLM release (0.18.0 .. 0.34.0):
+"""VllmAdapter's setup text is written for the installed vLLM release (0.15.1 .. 0.34.0):
 the calls that moved between releases, checked without vLLM."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_the_installed_release_is_read_and_none_installed_writes_the_newest(monk
 
 
 def test_only_the_kvcachemanager_adapter_is_widened() -> None:
-    assert VllmAdapter.releases == ((0, 18, 0), NEWEST)
+    assert VllmAdapter.releases == ((0, 15, 1), NEWEST)
     assert VllmSchedulerAdapter.releases == ((0, 30, 0), NEWEST)
 
 

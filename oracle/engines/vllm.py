@@ -1,4 +1,4 @@
-"""vLLM's KVCacheManager and BlockPool (0.18.0 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
+"""vLLM's KVCacheManager and BlockPool (0.15.1 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
 
 admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slots
          also caches the full blocks); refused when allocate_slots returns None
@@ -27,7 +27,7 @@ NUM_BLOCKS = 7  # the null block and 6 usable
 MAX_LEN = 256
 
 # The KVCacheManager calls the setup makes changed between releases; each is written for the
-# installed release. Checked on 0.18.0, 0.20.2, 0.26.0, 0.29.0 and 0.30.0 .. 0.34.0; the gates
+# installed release. Checked on 0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.20.2, 0.26.0, 0.29.0 and 0.30.0 .. 0.34.0; the gates
 # read from the sources of every release between.
 # KVCacheManager's constructor takes a required scheduler_block_size before hash_block_size
 # from 0.23.0 (PR 44165); up to 0.22.1 it takes hash_block_size alone, and refuses the keyword.
@@ -41,6 +41,7 @@ PREFIX_BOUNDARY_FROM = (0, 26, 0)
 def common(block: int, blocks: int, max_len: int) -> str:
     """What both setups share: the block hasher, the KV cache layout, requests."""
     return f"""\
+import inspect
 import os
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM first looks for a platform
 import torch
@@ -52,12 +53,14 @@ from vllm.v1.request import Request
 
 init_none_hash(sha256)
 hasher = get_request_block_hasher({block}, sha256)
+# up to 0.17 a Request takes eos_token_id, a required argument (None: no end-of-sequence token)
+_request_args = {{"eos_token_id": None}} if "eos_token_id" in inspect.signature(Request).parameters else {{}}
 layer = FullAttentionSpec(block_size={block}, num_kv_heads=1, head_size=8, dtype=torch.float16)
 config = KVCacheConfig(num_blocks={blocks}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
 
 
 def request(rid, tokens):
-    return Request(rid, tokens, SamplingParams(max_tokens={max_len}), None, block_hasher=hasher)
+    return Request(rid, tokens, SamplingParams(max_tokens={max_len}), None, block_hasher=hasher, **_request_args)
 """
 
 
@@ -165,8 +168,9 @@ class VllmAdapter(Scripted):
     preamble = PREAMBLE
     assertions = ASSERTIONS
     # the calls that changed are chosen by release (SCHEDULER_BLOCK_SIZE_FROM,
-    # PREFIX_BOUNDARY_FROM); checked from 0.18.0, the oldest release campaigned
-    releases = ((0, 18, 0), NEWEST)
+    # PREFIX_BOUNDARY_FROM, and eos_token_id where Request takes it); checked from 0.15.1, the
+    # connector's oldest release
+    releases = ((0, 15, 1), NEWEST)
 
     def __init__(self) -> None:
         require_release("vLLM", vllm_version(), *self.releases, type(self).__name__)
