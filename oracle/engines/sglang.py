@@ -55,6 +55,13 @@ def _module_getattr(name):
     return _Anything()
 """
 
+# The installed SGLang release as a tuple (0.5.5.post3: (0, 5, 5, 3)): what both SGLang
+# adapters' preambles gate their differences on.
+INSTALLED_RELEASE = """\
+from importlib.metadata import version as _version
+V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))
+"""
+
 # SGLang imports torchvision at module level (multimodal preprocessing); PyPI's torchvision
 # cannot load next to CPU torch, and the radix cache never calls it: a stand-in module.
 TORCHVISION_STANDIN = ANYTHING + """
@@ -82,12 +89,11 @@ def preamble(page: int = PAGE, pages: int = PAGES, rows: int = 8, context: int =
     return TORCHVISION_STANDIN + f"""
 from array import array
 import importlib.util
-from importlib.metadata import version as _version
 from types import SimpleNamespace
 
 import torch
 
-V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))  # 0.5.5.post3: (0, 5, 5, 3)
+""" + INSTALLED_RELEASE + f"""
 
 
 class _SglKernelStandIn(_TorchvisionStandIn):
@@ -360,10 +366,7 @@ class SglangAdapter(Scripted):
         self.run(f"finish({rid})")
 
     def evict(self, blocks: int) -> int:
-        if "EvictParams" in self.namespace:  # 0.5.9+
-            done: Any = self.run(f"_ = tree.evict(EvictParams(num_tokens={blocks * PAGE}))")
-            return int(done.num_tokens_evicted) // PAGE
-        return int(self.run(f"_ = evict({blocks * PAGE})")) // PAGE  # a token count, returning nothing
+        return int(self.run(f"_ = evict({blocks * PAGE})")) // PAGE  # the tokens freed, in either API
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
         free = self.alloc.free_pages.tolist()

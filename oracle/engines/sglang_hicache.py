@@ -74,7 +74,7 @@ from typing import Any
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, descendants
-from kvoracle.oracle.engines.sglang import ANYTHING
+from kvoracle.oracle.engines.sglang import ANYTHING, INSTALLED_RELEASE
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import Status, System
@@ -138,7 +138,6 @@ if not hasattr(torch.cpu.Stream, "synchronize"):
 
 COMMON = """\
 import atexit, json, logging, os, shutil, tempfile, threading, time
-from importlib.metadata import version as _version
 from types import SimpleNamespace
 
 from kvoracle.kvcache.faults import Fault, FaultKind
@@ -160,7 +159,7 @@ def _thread_died(a):
 
 
 threading.excepthook = _thread_died
-V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))
+""" + INSTALLED_RELEASE + """
 
 
 def one_process_group():  # SGLang's TP group of size 1, over gloo (the controller asks it its rank)

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, NEWEST, vllm_version
+from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, NEWEST, REQUEST_ARGS, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -53,8 +53,7 @@ from vllm.v1.request import Request
 
 init_none_hash(sha256)
 hasher = get_request_block_hasher({block}, sha256)
-# up to 0.17 a Request takes eos_token_id, a required argument (None: no end-of-sequence token)
-_request_args = {{"eos_token_id": None}} if "eos_token_id" in inspect.signature(Request).parameters else {{}}
+""" + REQUEST_ARGS + f"""
 layer = FullAttentionSpec(block_size={block}, num_kv_heads=1, head_size=8, dtype=torch.float16)
 config = KVCacheConfig(num_blocks={blocks}, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
 

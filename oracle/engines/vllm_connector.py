@@ -139,6 +139,12 @@ except ImportError:
     from vllm.utils import sha256
 """
 
+# A Request's extra arguments: up to 0.17 it takes eos_token_id, a required argument (None: no
+# end-of-sequence token). Shared by both vLLM adapters' preambles; needs inspect and Request imported.
+REQUEST_ARGS = """\
+_request_args = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
+"""
+
 # An engine on the CPU: the tiny model (a Llama config.json, no weights, no tokenizer, in one
 # folder that every engine process shares, written whole and renamed into place so that no
 # process reads half of it), its VllmConfig, and what its model runner returns.
@@ -645,8 +651,7 @@ if CONNECTOR != "kvoracle" and not hasattr(sched, "reset_preempted_req_ids"):
         return _build_meta(out)
 
     sched.connector.build_connector_meta = _with_preempted
-_request_args = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Request).parameters else {}
-# 0.29+: schedule() preempts with drop_stale_output=requires_kv_delivery (a KV producer's in-flight
+''' + REQUEST_ARGS + '''# 0.29+: schedule() preempts with drop_stale_output=requires_kv_delivery (a KV producer's in-flight
 # output is dropped and the request resumes at once; otherwise it waits for that output)
 _preempt_args = ({"drop_stale_output": sched.requires_kv_delivery}
                  if "drop_stale_output" in inspect.signature(sched._preempt_request).parameters else {})
