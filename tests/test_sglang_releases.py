@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.sglang import ASSERTIONS, SglangAdapter, preamble
+from kvoracle.oracle.engines.sglang import ASSERTIONS, SglangAdapter, preamble, sglang_release
 
 
 def test_the_range_runs_from_0_5_5_post3_to_0_5_23() -> None:
@@ -23,11 +23,13 @@ def test_a_release_in_the_range_is_driven(installed: tuple[int, ...]) -> None:
     require_release("sglang", installed, *SglangAdapter.releases, "SglangAdapter")
 
 
-@pytest.mark.parametrize("installed", [(0, 5, 5, 2), (0, 5, 4), (0, 5, 24)])
-def test_a_release_outside_the_range_is_refused(installed: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("installed", "named"), [((0, 5, 5, 2), "0.5.5.post2"), ((0, 5, 4), "0.5.4"),
+                                                  ((0, 5, 24), "0.5.24")])
+def test_a_release_outside_the_range_is_refused_as_sglang_names_it(
+        installed: tuple[int, ...], named: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVORACLE_NEWER_RELEASES", raising=False)
-    with pytest.raises(RuntimeError, match="SglangAdapter drives sglang 0.5.5.3 .. 0.5.23"):
-        require_release("sglang", installed, *SglangAdapter.releases, "SglangAdapter")
+    with pytest.raises(RuntimeError, match=rf"^sglang {named}: SglangAdapter drives sglang 0\.5\.5\.post3 \.\. 0\.5\.23"):
+        require_release("sglang", installed, *SglangAdapter.releases, "SglangAdapter", spell=sglang_release)
 
 
 def test_the_preamble_compiles_at_any_size() -> None:

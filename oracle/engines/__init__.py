@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -50,12 +51,15 @@ _warned: set[tuple[str, str]] = set()  # (release, adapter): warned once per pro
 
 
 def require_release(engine: str, installed: tuple[int, ...], low: tuple[int, ...], high: tuple[int, ...],
-                    adapter: str, absent_ok: bool = True) -> None:
+                    adapter: str, absent_ok: bool = True,
+                    spell: Callable[[tuple[int, ...]], str] | None = None) -> None:
     """Refuse, by name, an installed release outside those `adapter` drives: it calls the
     engine's internal APIs, which change between releases. An engine that is not installed
     passes here with `absent_ok` (the machine then says how to get it). A newer release
     is driven when KVORACLE_NEWER_RELEASES=1, with a warning: where its APIs moved, the
-    campaign reports what the adapter's call raised (VALID-INPUT), not a verdict."""
+    campaign reports what the adapter's call raised (VALID-INPUT), not a verdict. `spell`
+    writes a release as the engine names it (dotted numbers by default)."""
+    _release = spell or dotted
     if (installed or not absent_ok) and not low <= installed <= high:
         have, span = _release(installed) or "not installed", f"{_release(low)} .. {_release(high)}"
         if installed > high and os.environ.get(NEWER) == "1":
@@ -70,7 +74,7 @@ def require_release(engine: str, installed: tuple[int, ...], low: tuple[int, ...
         raise RuntimeError(f"{engine} {have}: {adapter} drives {engine} {span}{newer}")
 
 
-def _release(version: tuple[int, ...]) -> str:
+def dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 

@@ -327,6 +327,11 @@ def _pages(slots: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(s) // PAGE for s in slots))
 
 
+def sglang_release(version: tuple[int, ...]) -> str:
+    """A release as SGLang names it: a fourth number is a post release ((0, 5, 5, 3): 0.5.5.post3)."""
+    return ".".join(map(str, version[:3])) + "".join(f".post{n}" for n in version[3:])
+
+
 class SglangAdapter(Scripted):
     name = "sglang"
     block_size = PAGE
@@ -339,7 +344,7 @@ class SglangAdapter(Scripted):
     def __init__(self) -> None:
         from kvoracle.oracle.engines.sglang_hicache import sglang_version  # it imports this module
 
-        require_release("sglang", sglang_version(), *self.releases, type(self).__name__)
+        require_release("sglang", sglang_version(), *self.releases, type(self).__name__, spell=sglang_release)
         super().__init__()
 
     def bind(self) -> None:
