@@ -36,8 +36,7 @@ from kvoracle.oracle.engines import require_release
 PAGE = 4
 PAGES = 6
 
-# A module that answers every attribute: what a stand-in module is made of (the deep
-# adapter, sglang_hicache, builds its own stand-ins from it too).
+# A module that answers every attribute: what a stand-in module is made of.
 ANYTHING = """\
 import importlib.abc, importlib.machinery, sys, types
 
@@ -62,23 +61,39 @@ from importlib.metadata import version as _version
 V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))
 """
 
-# SGLang imports torchvision at module level (multimodal preprocessing); PyPI's torchvision
-# cannot load next to CPU torch, and the radix cache never calls it: a stand-in module.
-TORCHVISION_STANDIN = ANYTHING + """
+# Stand-ins for what a CPU machine cannot load and the caches never call (nothing of SGLang
+# is replaced): torchvision, which SGLang imports at module level (multimodal preprocessing;
+# PyPI's wheel cannot load next to CPU torch), and sgl_kernel's CUDA kernels, which the
+# radix cache imports with the host pool in 0.5.6 .. 0.5.10.post1 and HiCache always.
+# kvcacheio.transfer_kv_direct, HiCache's host<->device copy (io_backend "direct"), is a
+# real CPU index copy. Both SGLang adapters' preambles start with it.
+STANDIN = ANYTHING + """
+import torch
 
-class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    # sglang.srt.configs imports torchvision at module level (multimodal preprocessing);
-    # PyPI's torchvision cannot load next to CPU torch, and the radix cache never uses it.
+
+def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
+    src_indices = src_indices.to("cpu", dtype=torch.int64)
+    dst_indices = dst_indices.to("cpu", dtype=torch.int64)
+    for s, d in zip(src_layers, dst_layers):
+        d[dst_indices] = s[src_indices].to(d.device)
+
+
+class _StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
-        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "torchvision" else None
+        if name.split(".")[0] in ("torchvision", "sgl_kernel"):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
     def create_module(self, spec):
         m = types.ModuleType(spec.name)
         m.__path__, m.__getattr__, m.__version__ = [], _module_getattr, "0.0.0"
+        if spec.name == "sgl_kernel.kvcacheio":
+            m.transfer_kv_direct = transfer_kv_direct
         return m
     def exec_module(self, module): pass
 
 
-sys.meta_path.insert(0, _TorchvisionStandIn())
+if not any(type(f).__name__ == "_StandIn" for f in sys.meta_path):  # once per process
+    sys.meta_path.insert(0, _StandIn())
 """
 
 
@@ -86,25 +101,11 @@ def preamble(page: int = PAGE, pages: int = PAGES, rows: int = 8, context: int =
     """The allocator, request rows and radix cache, and admit (= match, then place),
     grow and finish as the scheduler calls them; the bench builds it at its own size.
     Each difference between releases is gated by V, the installed release."""
-    return TORCHVISION_STANDIN + f"""
+    return STANDIN + f"""
 from array import array
-import importlib.util
 from types import SimpleNamespace
 
-import torch
-
 """ + INSTALLED_RELEASE + f"""
-
-
-class _SglKernelStandIn(_TorchvisionStandIn):
-    # 0.5.6 .. 0.5.10.post1: radix_cache imports the host pool (hicache_storage), which imports sgl_kernel's
-    # CUDA kernels at module level; the radix cache never calls them, and a CPU machine has no sgl_kernel.
-    def find_spec(self, name, path, target=None):
-        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "sgl_kernel" else None
-
-
-if (0, 5, 6) <= V < (0, 5, 11) and importlib.util.find_spec("sgl_kernel") is None:
-    sys.meta_path.insert(0, _SglKernelStandIn())
 
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool

@@ -74,7 +74,7 @@ from typing import Any
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, descendants
-from kvoracle.oracle.engines.sglang import ANYTHING, INSTALLED_RELEASE
+from kvoracle.oracle.engines.sglang import INSTALLED_RELEASE, STANDIN
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import Status, System
@@ -89,41 +89,9 @@ PAGE = 8  # tokens per page: SGLang loads host hits back only from 10 tokens on 
 # TWICE (a second answer) cannot happen: a call returns once.
 STORAGE_FAULTS = frozenset({FaultKind.RAISE, FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
 
-STANDINS = """\
-# Stand-ins for what a CPU-only machine cannot load (nothing of SGLang is replaced):
-# torchvision (PyPI's wheel cannot load next to CPU torch; the cache never calls it) and
-# sgl_kernel (CUDA kernels; kvcacheio.transfer_kv_direct, the host<->device copy of
-# io_backend "direct", is a real CPU index copy). cudaHostRegister (page-locking the host
-# pool) does nothing without CUDA, and torch.cpu.Stream gets the synchronize() a CUDA
-# stream has (CPU work is synchronous).
-""" + ANYTHING + """
-import torch
-
-
-def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
-    src_indices = src_indices.to("cpu", dtype=torch.int64)
-    dst_indices = dst_indices.to("cpu", dtype=torch.int64)
-    for s, d in zip(src_layers, dst_layers):
-        d[dst_indices] = s[src_indices].to(d.device)
-
-
-class _StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("torchvision", "sgl_kernel"):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-    def create_module(self, spec):
-        m = types.ModuleType(spec.name)
-        m.__path__, m.__getattr__, m.__version__ = [], _module_getattr, "0.0.0"
-        if spec.name == "sgl_kernel.kvcacheio":
-            m.transfer_kv_direct = transfer_kv_direct
-        return m
-    def exec_module(self, module): pass
-
-
-if not any(type(f).__name__ == "_StandIn" for f in sys.meta_path):
-    sys.meta_path.insert(0, _StandIn())
-
+# cudaHostRegister (page-locking the host pool) does nothing without CUDA, and
+# torch.cpu.Stream gets the synchronize() a CUDA stream has (CPU work is synchronous).
+STANDINS = STANDIN + """
 
 class _Cudart:
     def cudaHostRegister(self, *args, **kwargs): return 0
