@@ -19,6 +19,8 @@ import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.campaign import run_machine
+from kvoracle.oracle.cli import print_unchecked
+from kvoracle.oracle.engine import Observation
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.mutant_docs import kill
@@ -119,3 +121,16 @@ def test_a_campaign_says_what_it_could_not_check() -> None:
     assert gaps[0].startswith("REFINEMENT, INV-TREE") and "abstract() or state() gives None" in gaps[0]
     assert any(g.startswith("INV-HEAP-SOUND on the tree's nodes: no `nodes`") for g in gaps)
     assert not any(g.startswith(("INV-CONSERVE", "INV-REFCOUNT")) for g in gaps)  # the observation gives those
+
+
+def test_an_adapter_that_cannot_be_observed_alone_leaves_the_report_standing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Its campaign has failed already (VALID-INPUT names the call); listing what it leaves
+    unchecked must not end `kvoracle check` with a traceback."""
+    class MovedApi(BlackBoxCache):
+        def observe_cpu(self) -> Observation:
+            raise AttributeError("'CPUOffloadingManager' object has no attribute '_num_write_pending_blocks'")
+
+    print_unchecked(MovedApi)
+    out = capsys.readouterr().out
+    assert out.startswith("not checked: unknown: MovedApi could not be built and observed alone (AttributeError: ")

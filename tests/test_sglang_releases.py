@@ -6,11 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from kvoracle.oracle.engines import require_release
 from kvoracle.oracle.engines.sglang import ASSERTIONS, SglangAdapter, preamble, sglang_release
+from preamble_functions import functions_of
 
 
 def test_the_range_runs_from_0_5_5_post3_to_0_5_23() -> None:
@@ -47,3 +50,20 @@ def test_every_gate_falls_inside_the_range() -> None:
 def test_importing_the_adapter_imports_no_sglang() -> None:
     code = "import sys, kvoracle.oracle.engines.sglang; print('sglang' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+class OwnFields(SimpleNamespace):  # a request up to 0.5.15: its KV fields are its own (req.kv is the request)
+    kv = property(lambda self: self)
+
+
+@pytest.mark.parametrize(("release", "req"), [
+    ((0, 5, 15), OwnFields(kv_committed_len=0, kv_allocated_len=0)),
+    ((0, 5, 16), SimpleNamespace(kv_committed_len=0, kv=None)),  # the allocated length: a record made here
+    ((0, 5, 18), SimpleNamespace(kv_committed_len=0, kv=None)),
+    ((0, 5, 19), SimpleNamespace(kv=SimpleNamespace(kv_committed_len=0, kv_allocated_len=0))),
+])
+def test_the_kv_a_request_holds_is_written_where_its_release_reads_it(release: tuple[int, ...], req: Any) -> None:
+    f = functions_of(preamble(), "kv_fields", "holds", V=release, ReqKvInfo=SimpleNamespace)
+    f["holds"](req, 10)
+    assert f["kv_fields"](req).kv_committed_len == 10
+    assert req.kv.kv_allocated_len == 10  # what release_kv_cache frees up to

@@ -3,9 +3,12 @@ is source text, built and compiled here, never run)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from kvoracle.oracle.engines import vllm_connector as vc
+from preamble_functions import functions_of
 
 
 def layout(release: tuple[int, ...]) -> str:
@@ -35,3 +38,9 @@ def test_every_layout_is_python_that_defines_what_the_engine_calls(release: tupl
     for name in ("take", "on_preempt", "evict_cpu"):
         assert name in code.co_names, name
 
+
+
+def test_a_jobs_source_and_destination_are_read_from_either_shape() -> None:
+    specs = functions_of(vc.OFFLOAD_BY_JOB, "specs")["specs"]
+    assert specs(SimpleNamespace(req_id="r0", transfer_spec=("gpu", "cpu"))) == ("gpu", "cpu")  # 0.21 .. 0.25
+    assert specs(SimpleNamespace(req_id="r0", src_spec="gpu", dst_spec="cpu")) == ("gpu", "cpu")  # 0.26+

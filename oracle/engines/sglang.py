@@ -17,8 +17,10 @@ Where releases differ: match_prefix takes MatchPrefixParams from 0.5.8 (a RadixK
 before) and answers a length (device_prefix_len) from 0.5.22 (the slots, device_indices,
 before); locks are tree.lock/unlock handles from 0.5.22 (inc_lock_ref/dec_lock_ref on
 the node before); the request's KV fields live in req.kv (ReqKvInfo) from 0.5.19 (on the
-request before) and its token ids are arrays from 0.5.19 (lists before); rows are taken
-with alloc_rows from 0.5.19 (alloc([req]) in 0.5.10 .. 0.5.11, alloc(1) before); the
+request before, but for the allocated length, which 0.5.16 .. 0.5.18 keep in a record,
+req.kv, that the release drops) and its token ids are arrays from 0.5.19 (lists before);
+rows are taken with alloc_rows from 0.5.19 (alloc([req]) in 0.5.9 .. 0.5.18, alloc(1)
+before); the
 cache is built from CacheInitParams from 0.5.6 (keywords in 0.5.5.post3).
 
 Runs in `.venv-sglang` (`make engines`) or `.venv-hunt/sglang-*`; importing this module
@@ -27,8 +29,8 @@ does not import SGLang.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 from kvoracle.oracle.engines import require_release
@@ -124,7 +126,7 @@ if V < (0, 5, 22):  # before tree.checkpoint/tree.unlock: finish is the schedule
     # release_kv_cache and Req's KV-length methods read the published server args
     # (get_global_server_args() up to 0.5.11; from 0.5.19 runtime_context's get_serving()/get_spec())
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size={page}))
-if (0, 5, 19) <= V < (0, 5, 22):  # the request's KV bookkeeping moved to a record, req.kv, in 0.5.19
+if (0, 5, 16) <= V < (0, 5, 22):  # the request's KV bookkeeping moved to a record, req.kv (0.5.16: one field)
     from sglang.srt.managers.schedule_batch import ReqKvInfo
 
 P = {page}
@@ -138,8 +140,11 @@ else:  # 0.5.5.post3 takes its settings as keywords
 
 
 class Req(SimpleNamespace):  # a request as the release's finishing path reads it (below 0.5.22)
-    if V < (0, 5, 19):  # the KV fields are the request's own: req.kv is the request
+    if V < (0, 5, 16):  # the KV fields are the request's own: req.kv is the request
         kv = property(lambda self: self)
+
+    def is_dllm(self):  # 0.5.9's ReqToTokenPool.alloc asks: a plain request is no diffusion LM's
+        return False
 
 
 # Req's own KV-length methods, borrowed: release_kv_cache asks the request what to keep and free
@@ -170,7 +175,21 @@ def request(rid, tokens):
         req.req_pool_idx, req.cache_protected_len, req.mamba_pool_idx = None, 0, None
         req.kv_committed_len = req.kv_allocated_len = 0
         req.kv_committed_freed = req.kv_overallocated_freed = False
+        if V >= (0, 5, 16):  # no record until the request holds KV (the release asserts it)
+            req.kv = None
     return req
+
+
+def kv_fields(req):  # where the request's row, protected and committed lengths live
+    return req.kv if V >= (0, 5, 19) else req
+
+
+def holds(req, n):  # before 0.5.22: the KV the row holds, all of it committed (no speculative overallocation)
+    kv_fields(req).kv_committed_len = n
+    if (0, 5, 16) <= V < (0, 5, 19):  # the allocated length is a record's, made when the KV is
+        req.kv = ReqKvInfo(kv_allocated_len=n, swa_evicted_seqlen=0)
+    else:
+        req.kv.kv_allocated_len = n
 
 
 def pages_for(req, n):  # n new tokens: the free slots of the last page first, then whole pages
@@ -219,11 +238,11 @@ def unlock(req):
 def take_row(req):  # the request's req_to_token row, as the release's scheduler takes it
     if V >= (0, 5, 19):
         req.kv.req_pool_idx = rows.alloc_rows(1)[0]
-    elif V >= (0, 5, 10):  # alloc(reqs) sets req.req_pool_idx itself
+    elif V >= (0, 5, 9):  # alloc(reqs) sets req.req_pool_idx itself
         rows.alloc([req])
-    else:  # 0.5.5.post3, 0.5.6: alloc(count)
+    else:  # up to 0.5.8: alloc(count)
         req.req_pool_idx = rows.alloc(1)[0]
-    return req.kv.req_pool_idx
+    return kv_fields(req).req_pool_idx
 
 
 def place(req, matched):  # None: no room, and the match is unlocked
@@ -232,12 +251,12 @@ def place(req, matched):  # None: no room, and the match is unlocked
         unlock(req)
         return None
     row = take_row(req)
-    req.kv.cache_protected_len = matched
+    kv_fields(req).cache_protected_len = matched
     prefix = tree.path_device_indices(req.last_node)[:matched] if V >= (0, 5, 22) else req.prefix_indices
     rows.write((row, slice(0, matched)), prefix)
     rows.write((row, slice(matched, matched + new)), alloc.alloc(-(-new // P) * P)[:new].to(torch.int32))
-    if V < (0, 5, 22):  # the KV the row holds, all of it committed (no speculative overallocation)
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(req.full_untruncated_fill_ids)
+    if V < (0, 5, 22):
+        holds(req, len(req.full_untruncated_fill_ids))
     return matched
 
 
@@ -256,7 +275,7 @@ def grow(req, tokens):
     fresh = pages_for(req, n)
     if not room(fresh):
         return None
-    row = req.kv.req_pool_idx
+    row = kv_fields(req).req_pool_idx
     in_page = min(n, -have % P)
     if in_page:
         last = int(rows.req_to_token[row, have - 1])
@@ -268,7 +287,7 @@ def grow(req, tokens):
     else:  # decoded tokens are the request's output; its fill ids are prompt + output
         req.output_ids = req.output_ids + ids(tokens)
         req.full_untruncated_fill_ids = req.fill_ids = req.origin_input_ids + req.output_ids
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(req.full_untruncated_fill_ids)
+        holds(req, len(req.full_untruncated_fill_ids))
     return True
 
 
@@ -304,7 +323,7 @@ while todo:
     nodes.append(todo.pop())
     todo.extend(nodes[-1].children.values())
 live = [r for r in globals().values() if isinstance(r, SimpleNamespace) and getattr(r, "lock", None) is not None]
-tables = {r.rid: {int(s) // P for s in rows.req_to_token[r.kv.req_pool_idx, :len(r.full_untruncated_fill_ids)]} for r in live}
+tables = {r.rid: {int(s) // P for s in rows.req_to_token[kv_fields(r).req_pool_idx, :len(r.full_untruncated_fill_ids)]} for r in live}
 held = Counter(p for t in tables.values() for p in t)
 assert len(free) == len(set(free)), f"INV-CONSERVE: free pages {free} list a page twice"
 assert set(free) <= set(range(1, alloc.num_pages + 1)), f"INV-CONSERVE: free pages {free} hold ids outside 1..{alloc.num_pages}"
@@ -395,9 +414,9 @@ class SglangAdapter(Scripted):
     def observe(self) -> Observation:
         nodes = descendants(self.tree.root_node)
         page_of = {p: n for n in nodes for p in _pages(n.value.tolist())}
-        row = self.rows.req_to_token
+        row, kv_fields = self.rows.req_to_token, cast(Callable[[Any], Any], self.namespace["kv_fields"])
         tables = {
-            rid: _pages(row[r.kv.req_pool_idx, : len(r.full_untruncated_fill_ids)].tolist())
+            rid: _pages(row[kv_fields(r).req_pool_idx, : len(r.full_untruncated_fill_ids)].tolist())
             for rid, r in self.live.items()
         }
         idle = [n for n in nodes if n.lock_ref == 0]

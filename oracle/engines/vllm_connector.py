@@ -581,14 +581,19 @@ def on_preempt(rid):
     flush({t.key for t in W.of(rid, "store")})
 
 
+def specs(job):
+    """A job's (source, destination): one transfer_spec pair up to 0.25, two fields from 0.26."""
+    return job.transfer_spec if hasattr(job, "transfer_spec") else (job.src_spec, job.dst_spec)
+
+
 def take(out):
     meta = out.kv_connector_metadata
     for jid, job in meta.store_jobs.items():
-        W.start("store", job.req_id, _ids(job.src_spec), key=jid)
+        W.start("store", job.req_id, _ids(specs(job)[0]), key=jid)
     flush(meta.jobs_to_flush or ())
     for jid, job in meta.load_jobs.items():
         assert not getattr(job, "sync", False), "sync loads (sync_load_budget_bytes) are not driven"
-        W.start("load", job.req_id, _ids(job.dst_spec), key=jid)
+        W.start("load", job.req_id, _ids(specs(job)[1]), key=jid)
 '''
 
 # --- the CPU tier from 0.19 (PR 37874): CPUOffloadingManager, its CachePolicy holding the
@@ -1071,12 +1076,10 @@ class VllmConnector(Scripted):
         ids = {k: int(getattr(c, "chunk_id", getattr(c, "block_id", -1))) for k, c in chunks.items()}
         by_hash = {bytes(k)[:-4]: c for k, c in chunks.items()}
         nodes = _rooted(by_hash, self._parents())
-        counters: dict[str, tuple[int, int]] = {}
-        if hasattr(m, slot(m, "_num_evictable_cache_chunks")):  # not in 0.19 .. 0.20 (0.20.2: none)
-            counters = {"_num_evictable_cache_chunks": (
-                            field("_num_evictable_cache_chunks"), sum(c.ref_cnt == 0 for c in chunks.values())),
-                        "_num_write_pending_chunks": (
-                            field("_num_write_pending_chunks"), sum(c.ref_cnt < 0 for c in chunks.values()))}
+        recount = {"_num_evictable_cache_chunks": lambda c: c.ref_cnt == 0,  # from 0.24 (none in 0.19 .. 0.23)
+                   "_num_write_pending_chunks": lambda c: c.ref_cnt < 0}  # from 0.26
+        counters = {name: (field(name), sum(map(idle, chunks.values())))
+                    for name, idle in recount.items() if hasattr(m, slot(m, name))}
         evictable = getattr(m._policy, "_evictable", None)  # LRU's set of idle chunks
         if evictable is not None:
             counters["LRUCachePolicy._evictable"] = (
@@ -1113,6 +1116,17 @@ class MooncakePreemptStore(VllmConnector):
     never hang (a hung job's reference is kept for good from 0.28.0 on: LIVE-TRANSFER)."""
 
     name = "vllm-mooncake-preempt-store"
+    fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
+
+
+class MooncakeAbortUntracked(VllmConnector):
+    """vLLM PR 43281: MooncakeStoreConnector's request_finished asserts that the request
+    has a tracker; a request aborted before its first schedule() has none, and the
+    AssertionError escapes finish_requests (VALID-INPUT), which kills EngineCore. Buggy
+    0.21.0 (the connector's first release), fixed in 0.22.0. Both releases also have
+    MooncakePreemptStore's bug (INV-PIN): the hunt row lists it as known. Its options."""
+
+    name = "vllm-mooncake-abort-untracked"
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
 
 
@@ -1244,7 +1258,8 @@ class VllmOffload(VllmConnector):
     request never scheduled makes the next schedule() raise AssertionError in
     _build_store_jobs (vLLM issue 49118); 0.20.2 also stores a resumed request's later
     chunk after its earlier ones were evicted, without its prefix (the store cursor is not
-    rewound on preemption)."""
+    rewound on preemption), and 0.21 .. 0.22 a running request's decoded chunk after its
+    prompt's chunks were evicted (they store decoded tokens; from 0.23 only the prompt, by default)."""
 
     name = "vllm-offload"
     connector = "offload"
@@ -1265,7 +1280,8 @@ class OffloadAbortQueued(VllmOffload):
     """VllmOffload steered to vLLM issue 49118 alone: a CPU tier no store has to make room
     in (so not OffloadEvictsParentOfStore's finding) and no store that never answers. What
     is left: aborting a request that was never scheduled, after which the next schedule()
-    raises AssertionError in _build_store_jobs (0.26.0; 0.27.0 has PR 49146's fix)."""
+    raises AssertionError in _build_store_jobs (0.26.0; 0.27.0 has PR 49146's fix; 0.23.0
+    .. 0.25.1 pass; 0.21 and 0.22 first store an orphan decoded chunk, INV-HEAP-SOUND)."""
 
     name = "vllm-offload-abort-queued"
     fault_kinds = frozenset(ALL_KINDS - {FaultKind.HANG})
