@@ -599,10 +599,17 @@ def take(out):
 # --- the CPU tier from 0.19 (PR 37874): CPUOffloadingManager, its CachePolicy holding the
 # blocks ("chunks" from 0.3x) by OffloadKey, and a pool of its own (_free_list) ----------------
 CPU_POLICY = '''
-try:
-    from vllm.v1.kv_offload.base import make_offload_key
-except ImportError:  # vllm.v1.kv_offload.abstract in 0.19 and 0.20 (kv_offload/base.py by 0.26)
-    from vllm.v1.kv_offload.abstract import make_offload_key
+try:  # an offload key: a block hash and its KV cache group (one group here)
+    from vllm.v1.kv_offload.base import get_offload_block_hash, make_offload_key
+except ImportError:
+    try:  # 0.20: in kv_offload/abstract.py
+        from vllm.v1.kv_offload.abstract import get_offload_block_hash, make_offload_key
+    except ImportError:  # 0.19: the tier is keyed by the block hash itself
+        def make_offload_key(block_hash, group_idx):
+            return block_hash
+
+        def get_offload_block_hash(key):
+            return key
 
 
 def slot(obj, name):
@@ -1064,9 +1071,9 @@ class VllmConnector(Scripted):
     def _observe_chunks(self, m: Any) -> Observation:
         """observe_cpu from 0.19 (PR 37874's CPUOffloadingManager): the manager's chunk pool
         (its free list and the ids never handed out) and its policy's chunks by offload key
-        (a block hash and its KV cache group: one group here). A chunk being written
-        (ref_cnt -1) is owned by its store; one a load reads (ref_cnt > 0) is pinned. Its
-        counters, where it keeps them, are recounted."""
+        (a block hash and its KV cache group, one group here; the hash alone in 0.19). A
+        chunk being written (ref_cnt -1) is owned by its store; one a load reads (ref_cnt >
+        0) is pinned. Its counters, where it keeps them, are recounted."""
         chunks: dict[Any, Any] = self.namespace["cpu_chunks"]()  # type: ignore[operator]
         slot: Any = self.namespace["slot"]
 
@@ -1074,7 +1081,8 @@ class VllmConnector(Scripted):
             return getattr(m, slot(m, name))
 
         ids = {k: int(getattr(c, "chunk_id", getattr(c, "block_id", -1))) for k, c in chunks.items()}
-        by_hash = {bytes(k)[:-4]: c for k, c in chunks.items()}
+        block_hash: Any = self.namespace["get_offload_block_hash"]
+        by_hash = {bytes(block_hash(k)): c for k, c in chunks.items()}
         nodes = _rooted(by_hash, self._parents())
         recount = {"_num_evictable_cache_chunks": lambda c: c.ref_cnt == 0,  # from 0.24 (none in 0.19 .. 0.23)
                    "_num_write_pending_chunks": lambda c: c.ref_cnt < 0}  # from 0.26
