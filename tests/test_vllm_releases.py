@@ -38,9 +38,8 @@ def test_the_installed_release_is_read_and_none_installed_writes_the_newest(monk
     assert manager_preamble() == manager_preamble(vllm=NEWEST)
 
 
-def test_only_the_kvcachemanager_adapter_is_widened() -> None:
-    assert VllmAdapter.releases == ((0, 15, 1), NEWEST)
-    assert VllmSchedulerAdapter.releases == ((0, 30, 0), NEWEST)
+def test_both_block_pool_adapters_drive_0_15_1_to_the_newest() -> None:
+    assert VllmAdapter.releases == VllmSchedulerAdapter.releases == ((0, 15, 1), NEWEST)
 
 
 def test_reading_the_release_imports_no_vllm() -> None:

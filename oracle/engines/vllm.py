@@ -20,15 +20,16 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, NEWEST, REQUEST_ARGS, vllm_version
+from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, CPU_PLATFORM, NEWEST, REQUEST_ARGS, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
 MAX_LEN = 256
 
 # The KVCacheManager calls the setup makes changed between releases; each is written for the
-# installed release. Checked on 0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.20.2, 0.26.0, 0.29.0 and 0.30.0 .. 0.34.0; the gates
-# read from the sources of every release between.
+# installed release. Checked (with the Scheduler adapter's) on a release of every minor from 0.15 to 0.34
+# (0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.19.0, 0.20.2, 0.21.0 .. 0.25.1, 0.26.0, 0.27.1, 0.28.0 .. 0.34.0); the
+# gates read from the sources of every release between.
 # KVCacheManager's constructor takes a required scheduler_block_size before hash_block_size
 # from 0.23.0 (PR 44165); up to 0.22.1 it takes hash_block_size alone, and refuses the keyword.
 SCHEDULER_BLOCK_SIZE_FROM = (0, 23, 0)
@@ -116,7 +117,7 @@ SCHEDULER_PREAMBLE = """\
 import json, logging, os, tempfile
 os.environ.update(HF_HUB_OFFLINE="1")
 logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
-""" + CPU_ENGINE + common(BLOCK, NUM_BLOCKS, MAX_LEN) + f"""
+""" + CPU_ENGINE + common(BLOCK, NUM_BLOCKS, MAX_LEN) + CPU_PLATFORM + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -124,11 +125,12 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 cache_config = CacheConfig(block_size={BLOCK}, enable_prefix_caching=True)
 cache_config.num_gpu_blocks = {NUM_BLOCKS}
+scheduler_args = {{"is_encoder_decoder": False}} if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters else {{}}
 vllm_config = cpu_vllm_config(
     model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len={MAX_LEN}, dtype="float16"),
     cache_config=cache_config,
     scheduler_config=SchedulerConfig(max_num_batched_tokens={MAX_LEN}, max_num_seqs=4, max_model_len={MAX_LEN},
-                                     is_encoder_decoder=False),
+                                     **scheduler_args),
 )
 sched = Scheduler(vllm_config, config, StructuredOutputManager(vllm_config), block_size={BLOCK})
 mgr = sched.kv_cache_manager
@@ -243,9 +245,7 @@ class VllmSchedulerAdapter(VllmAdapter):
     name = "vllm-scheduler"
     operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     preamble = SCHEDULER_PREAMBLE
-    # not widened with VllmAdapter: the Scheduler's and its configs' construction is
-    # checked on these releases only
-    releases = ((0, 30, 0), NEWEST)
+    releases = ((0, 15, 1), NEWEST)  # the CPU platform picked and SchedulerConfig's arguments read, as the connector does
 
     def bind(self) -> None:
         super().bind()

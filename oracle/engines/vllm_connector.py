@@ -107,6 +107,19 @@ POLICY_FROM = (0, 19, 0)  # the CPU tier's CachePolicy (PR 37874)
 JOBS_FROM = (0, 21, 0)  # the offloading connector's transfer jobs by id (PR 39186)
 IDLE_STEPS_FROM = (0, 22, 0)  # EngineCore steps while a delayed free is pending (PR 43433)
 
+# vLLM on the CPU platform, whatever the build: releases before 0.2x pick it only for a "+cpu"
+# build of vLLM, and releases <= 0.17 probe a torch function 2.13 dropped. Shared by both vLLM
+# adapters' preambles (after VLLM_TARGET_DEVICE is set).
+CPU_PLATFORM = """\
+import torch
+import vllm.platforms as _platforms
+if type(_platforms.current_platform).__name__ == "UnspecifiedPlatform":
+    from vllm.platforms.cpu import CpuPlatform
+    _platforms._current_platform = CpuPlatform()
+if not hasattr(torch._C._cpu, "_is_avx512_supported"):
+    torch._C._cpu._is_avx512_supported = lambda: False
+"""
+
 HEAD = """\
 import inspect, json, logging, os, sys, tempfile, time, types
 from collections import Counter, deque
@@ -116,14 +129,7 @@ logging.getLogger("vllm").setLevel(logging.CRITICAL)  # its notes and its own er
 import torch
 import vllm
 logging.getLogger("vllm").setLevel(logging.CRITICAL)
-import vllm.platforms as _platforms
-if type(_platforms.current_platform).__name__ == "UnspecifiedPlatform":
-    # releases before 0.2x pick the CPU platform only for a "+cpu" build of vLLM
-    from vllm.platforms.cpu import CpuPlatform
-    _platforms._current_platform = CpuPlatform()
-if not hasattr(torch._C._cpu, "_is_avx512_supported"):  # probed by releases <= 0.17, gone from torch 2.13
-    torch._C._cpu._is_avx512_supported = lambda: False
-
+""" + CPU_PLATFORM + """
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
 from vllm.sampling_params import SamplingParams
