@@ -29,8 +29,8 @@ does not import SGLang.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
 from kvoracle.oracle.engines import require_release
@@ -342,6 +342,14 @@ if not live:  # nothing runs: every page is free or evictable
 """
 
 
+def _row_of(req: Any) -> int:
+    """A request's req_to_token row: on its KV record from 0.5.19, on the request before
+    (whose record, 0.5.16 .. 0.5.18, holds only the allocated length). Read here, not
+    through the preamble, so that a reproduction an older kvoracle wrote still runs."""
+    holder = req.kv if hasattr(req.kv, "req_pool_idx") else req
+    return int(holder.req_pool_idx)
+
+
 def _pages(slots: Any) -> tuple[int, ...]:
     """The pages of a run of slot ids, in order, each once."""
     return tuple(dict.fromkeys(int(s) // PAGE for s in slots))
@@ -414,9 +422,9 @@ class SglangAdapter(Scripted):
     def observe(self) -> Observation:
         nodes = descendants(self.tree.root_node)
         page_of = {p: n for n in nodes for p in _pages(n.value.tolist())}
-        row, kv_fields = self.rows.req_to_token, cast(Callable[[Any], Any], self.namespace["kv_fields"])
+        row = self.rows.req_to_token
         tables = {
-            rid: _pages(row[kv_fields(r).req_pool_idx, : len(r.full_untruncated_fill_ids)].tolist())
+            rid: _pages(row[_row_of(r), : len(r.full_untruncated_fill_ids)].tolist())
             for rid, r in self.live.items()
         }
         idle = [n for n in nodes if n.lock_ref == 0]
