@@ -1,4 +1,4 @@
-"""Shadow mode for vLLM 0.33.0 .. 0.34.0's KVCacheManager and its BlockPool (kvoracle.shadow).
+"""Shadow mode for vLLM 0.15.1 .. 0.34.0's KVCacheManager and its BlockPool (kvoracle.shadow).
 
     kvoracle.shadow.attach(scheduler.kv_cache_manager, engine="vllm")
 
