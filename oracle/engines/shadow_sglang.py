@@ -1,4 +1,4 @@
-"""Shadow mode for SGLang 0.5.23's RadixCache and its paged allocator (kvoracle.shadow).
+"""Shadow mode for SGLang 0.5.22 .. 0.5.23's RadixCache and its paged allocator (kvoracle.shadow).
 
     kvoracle.shadow.attach(tree_cache, engine="sglang")   # wraps the tree and its allocator
 
