@@ -59,9 +59,9 @@ def require_release(engine: str, installed: tuple[int, ...], low: tuple[int, ...
     is driven when KVORACLE_NEWER_RELEASES=1, with a warning: where its APIs moved, the
     campaign reports what the adapter's call raised (VALID-INPUT), not a verdict. `spell`
     writes a release as the engine names it (dotted numbers by default)."""
-    _release = spell or dotted
+    name = spell or dotted
     if (installed or not absent_ok) and not low <= installed <= high:
-        have, span = _release(installed) or "not installed", f"{_release(low)} .. {_release(high)}"
+        have, span = name(installed) or "not installed", f"{name(low)} .. {name(high)}"
         if installed > high and os.environ.get(NEWER) == "1":
             if (have, adapter) in _warned:
                 return

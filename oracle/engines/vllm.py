@@ -20,7 +20,7 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, CPU_PLATFORM, NEWEST, REQUEST_ARGS, vllm_version
+from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, CPU_PLATFORM, DECODER_ONLY, NEWEST, REQUEST_ARGS, vllm_version
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -125,12 +125,11 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 cache_config = CacheConfig(block_size={BLOCK}, enable_prefix_caching=True)
 cache_config.num_gpu_blocks = {NUM_BLOCKS}
-scheduler_args = {{"is_encoder_decoder": False}} if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters else {{}}
-vllm_config = cpu_vllm_config(
+""" + DECODER_ONLY + f"""vllm_config = cpu_vllm_config(
     model_config=ModelConfig(model=model, skip_tokenizer_init=True, max_model_len={MAX_LEN}, dtype="float16"),
     cache_config=cache_config,
     scheduler_config=SchedulerConfig(max_num_batched_tokens={MAX_LEN}, max_num_seqs=4, max_model_len={MAX_LEN},
-                                     **scheduler_args),
+                                     **_decoder_only),
 )
 sched = Scheduler(vllm_config, config, StructuredOutputManager(vllm_config), block_size={BLOCK})
 mgr = sched.kv_cache_manager

@@ -145,6 +145,12 @@ except ImportError:
     from vllm.utils import sha256
 """
 
+# SchedulerConfig's extra arguments: releases that take is_encoder_decoder are told the model
+# is decoder-only. Shared by both vLLM adapters' preambles; needs inspect and SchedulerConfig imported.
+DECODER_ONLY = """\
+_decoder_only = {"is_encoder_decoder": False} if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters else {}
+"""
+
 # A Request's extra arguments: up to 0.17 it takes eos_token_id, a required argument (None: no
 # end-of-sequence token). Shared by both vLLM adapters' preambles; needs inspect and Request imported.
 REQUEST_ARGS = """\
@@ -211,10 +217,9 @@ if CONNECTOR == "offload":  # the CPU tier is sized from the GPU tensors' layout
 kv_cache_config = KVCacheConfig(num_blocks=N, kv_cache_tensors=tensors, kv_cache_groups=[KVCacheGroupSpec(["layer.0"], layer)])
 cache_config = CacheConfig(block_size=B, enable_prefix_caching=True)
 cache_config.num_gpu_blocks = N
+""" + DECODER_ONLY + """
 scheduler_args = dict(max_num_batched_tokens=BATCH, max_num_seqs=MAX_SEQS, max_model_len=MAX_LEN,
-                      disable_hybrid_kv_cache_manager=True)
-if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters:
-    scheduler_args["is_encoder_decoder"] = False
+                      disable_hybrid_kv_cache_manager=True, **_decoder_only)
 if CONNECTOR == "kvoracle":
     transfer = KVTransferConfig(kv_connector="KvoracleConnector", kv_connector_module_path="kvoracle_vllm_connector",
                                 kv_role=ROLE)
