@@ -11,6 +11,7 @@ import pytest
 
 from kvoracle.kvcache.faults import FaultKind
 from kvoracle.oracle.engines import protocol_of
+from kvoracle.oracle.engines.sglang import sglang_version
 from kvoracle.oracle.engines.sglang_hicache import (
     STORAGE_FAULTS,
     BackupGapOrphan,
@@ -20,7 +21,6 @@ from kvoracle.oracle.engines.sglang_hicache import (
     PrefetchStaleAck,
     PrefetchThreadDies,
     SglangHiCache,
-    sglang_version,
 )
 from kvoracle.oracle.scheduler_machine import FAULTS, _faults, use_faults
 from kvoracle.spec.types import RequestId

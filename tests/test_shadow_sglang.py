@@ -1,11 +1,12 @@
-"""Shadow mode on SGLang 0.5.23's RadixCache and paged allocator (run in the SGLang
-environment: `make test-engines`, or PYTHONPATH=. with SGLang installed).
+"""Shadow mode on SGLang's RadixCache and paged allocator, 0.5.5.post3 .. 0.5.23 (run in
+an SGLang environment: `make test-engines`, or PYTHONPATH=. with SGLang installed).
 
 The project's workload (bench/engine_speed.py over bench/workload.py's conversations,
 plus decode growth) raises no alarm; each planted misuse of the adapter raises its ID."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import sys
 from pathlib import Path
@@ -13,7 +14,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is installed by `make engines` in .venv-sglang")
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("SGLang is installed by `make engines` in .venv-sglang", allow_module_level=True)
+
+from kvoracle.oracle.engines.sglang import STANDIN  # noqa: E402
+
+exec(STANDIN, {})  # what a CPU machine cannot load (0.5.19 .. 0.5.21 import torchvision with sglang)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -22,8 +28,10 @@ from workload import conversation_turns  # noqa: E402
 
 from kvoracle import shadow  # noqa: E402
 from kvoracle.oracle.engine import BadInput  # noqa: E402
-from kvoracle.oracle.engines.sglang import SglangAdapter  # noqa: E402
+from kvoracle.oracle.engines.sglang import SglangAdapter, sglang_version  # noqa: E402
 from kvoracle.shadow import ShadowAlarm  # noqa: E402
+
+V = sglang_version()
 
 
 def test_project_workload_raises_no_alarm(tmp_path: Path) -> None:
@@ -40,7 +48,7 @@ def test_project_workload_raises_no_alarm(tmp_path: Path) -> None:
     finally:
         shadow.uninstall("sglang")
     assert tally.engines == 1 and tally.alarms == [] and tally.internal == []
-    assert tally.calls > 1500 and tally.full > 1500 and result["admitted"] == 300
+    assert tally.calls > 1000 and tally.full > 900 and result["admitted"] == 300
     assert evicted > 10
 
 
@@ -67,7 +75,7 @@ def test_decode_growth_raises_no_alarm(tmp_path: Path) -> None:
         ns["finish"](r)
     s.audit()
     assert s.alarms == [] and s.tally.internal == [], s.summary()
-    assert s.calls > 500
+    assert s.calls > 400
 
 
 def attached(tmp_path: Path) -> tuple[SglangAdapter, shadow.Shadow]:
@@ -95,7 +103,9 @@ def test_a_page_out_of_range_is_inv_tier(tmp_path: Path) -> None:
 
 def test_a_double_unlock_is_inv_refcount(tmp_path: Path) -> None:
     """r1 finished (its lock given back); unlocking its node again takes r2's lock away:
-    the prefix r2 holds becomes evictable (lock_ref 0, held by r2's lock)."""
+    the prefix r2 holds becomes evictable (lock_ref 0, held by r2's lock). Before 0.5.22
+    a lock is a bare count on the node, which names no holder: the extra unlock passes
+    for r2's, and is found when r2 gives its own lock back (lock_ref below the holders)."""
     a, s = attached(tmp_path)
     a.admit("r0", [1] * 8)
     a.finish("r0")  # the tree keeps the two pages
@@ -104,10 +114,12 @@ def test_a_double_unlock_is_inv_refcount(tmp_path: Path) -> None:
     a.finish("r1")
     with pytest.raises(ShadowAlarm) as caught:
         assert a.bad_input(BadInput.DOUBLE_UNLOCK, "r1")
+        a.finish("r2")
     first = caught.value.alarms[0]
-    assert first.id == "INV-REFCOUNT" and "0 (held by 1)" in first.message, first.report()
-    assert first.after.name == "tree.dec_lock_ref"
-    assert any(c.name == "tree.lock" for c in first.history)
+    assert first.id == "INV-REFCOUNT", first.report()
+    if V >= (0, 5, 22):
+        assert "0 (held by 1)" in first.message and first.after.name == "tree.dec_lock_ref"
+    assert any(c.name == ("tree.lock" if V >= (0, 5, 22) else "tree.inc_lock_ref") for c in first.history)
 
 
 def test_a_leaked_tail_is_found_when_nothing_is_live(tmp_path: Path) -> None:
@@ -116,9 +128,12 @@ def test_a_leaked_tail_is_found_when_nothing_is_live(tmp_path: Path) -> None:
     a, s = attached(tmp_path)
     s.mode = "record"
     a.admit("r0", [1] * 9)  # two full pages and a tail page
-    a.run("tree.checkpoint(r0, up_to=9)")
-    a.run("tree.unlock(r0.lock)")
-    a.run("rows.free_rows([r0.kv.req_pool_idx])")
+    if V >= (0, 5, 22):
+        a.run("tree.checkpoint(r0, up_to=9)")
+        a.run("tree.unlock(r0.lock)")
+    else:  # the tree keeps nothing: all three pages leak
+        a.run("tree.dec_lock_ref(r0.last_node)")
+    a.run("free_row(r0)")
     del a.live["r0"]
     ids = {x.id for x in s.audit()}
     assert {"INV-CONSERVE", "LIVE-DRAIN"} <= ids, [str(x.violation) for x in s.alarms]

@@ -30,6 +30,7 @@ does not import SGLang.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError
 from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted, descendants
@@ -62,6 +63,18 @@ INSTALLED_RELEASE = """\
 from importlib.metadata import version as _version
 V = tuple(int(p) if p.isdigit() else 0 for p in _version("sglang").replace(".post", ".").split("."))
 """
+
+
+def sglang_version() -> tuple[int, ...]:
+    """The installed SGLang release as the preambles read it (INSTALLED_RELEASE); () when
+    SGLang is not installed."""
+    namespace: dict[str, Any] = {}
+    try:
+        exec(INSTALLED_RELEASE, namespace)
+    except PackageNotFoundError:
+        return ()
+    release: tuple[int, ...] = namespace["V"]
+    return release
 
 # Stand-ins for what a CPU machine cannot load and the caches never call (nothing of SGLang
 # is replaced): torchvision, which SGLang imports at module level (multimodal preprocessing;
@@ -245,6 +258,15 @@ def take_row(req):  # the request's req_to_token row, as the release's scheduler
     return kv_fields(req).req_pool_idx
 
 
+def free_row(req):  # the request's row back, as the release's scheduler gives it
+    if V >= (0, 5, 19):
+        rows.free_rows([req.kv.req_pool_idx])
+    elif V >= (0, 5, 9):  # free(req) clears req.req_pool_idx itself
+        rows.free(req)
+    else:
+        rows.free(req.req_pool_idx)
+
+
 def place(req, matched):  # None: no room, and the match is unlocked
     new = len(req.full_untruncated_fill_ids) - matched
     if not room(-(-new // P)):
@@ -307,7 +329,7 @@ def finish(req):
     alloc.free(rows.req_to_token[req.kv.req_pool_idx, req.kv.cache_protected_len:end].to(torch.int64))
     tree.unlock(req.lock)
     req.lock = None
-    rows.free_rows([req.kv.req_pool_idx])
+    free_row(req)
     running.pop(req.rid, None)
 """
 
@@ -370,8 +392,6 @@ class SglangAdapter(Scripted):
     releases = ((0, 5, 5, 3), (0, 5, 23))  # each difference gated by release in the preamble
 
     def __init__(self) -> None:
-        from kvoracle.oracle.engines.sglang_hicache import sglang_version  # it imports this module
-
         require_release("sglang", sglang_version(), *self.releases, type(self).__name__, spell=sglang_release)
         super().__init__()
 

@@ -65,16 +65,14 @@ Blocks are pages (PAGE tokens). Importing this module does not import SGLang.
 from __future__ import annotations
 
 import json
-import re
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, descendants
-from kvoracle.oracle.engines.sglang import INSTALLED_RELEASE, STANDIN
+from kvoracle.oracle.engines.sglang import INSTALLED_RELEASE, STANDIN, sglang_version
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
 from kvoracle.spec.state import Status, System
@@ -872,15 +870,6 @@ def in_flight():  # the transfers in flight, by id
     out += [("prefetch", h if V < (0, 5, 20) else h.rid) for h in tree.ongoing_prefetch]  # keyed by rid in 0.5.19
     return out + sorted({("prefetch-io", op.id) for op in prefetch_io()})
 """
-
-
-def sglang_version() -> tuple[int, ...]:
-    """The installed sglang's version (0.5.5.post3 -> (0, 5, 5, 3)); () when absent."""
-    try:
-        text = version("sglang")
-    except PackageNotFoundError:
-        return ()
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"\.|post", text) if p != "")
 
 
 def _pages(slots: Iterable[int], page: int) -> tuple[int, ...]:

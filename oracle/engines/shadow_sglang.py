@@ -1,4 +1,4 @@
-"""Shadow mode for SGLang 0.5.22 .. 0.5.23's RadixCache and its paged allocator (kvoracle.shadow).
+"""Shadow mode for SGLang 0.5.5.post3 .. 0.5.23's RadixCache and its paged allocator (kvoracle.shadow).
 
     kvoracle.shadow.attach(tree_cache, engine="sglang")   # wraps the tree and its allocator
 
@@ -13,8 +13,11 @@ free the row) and its request rows are not the truth between them:
   is a table listing the pages on its node's path, until `unlock` gives it back
   (`checkpoint` moves the request's lock: the observer follows `req.lock`); a bare
   `inc_lock_ref(node)` is an anonymous holder that a `dec_lock_ref(node)` of the same
-  node ends. So INV-REFCOUNT reads: each cached page's lock_ref equals the locks through
-  its node; a second unlock is found at once;
+  node ends (before 0.5.22 every request's lock is one; `cache_finished_req` and
+  `cache_unfinished_req` end or move the request's inside, unseen, and the observer
+  follows them). So INV-REFCOUNT reads: each cached page's lock_ref equals the locks
+  through its node; a second unlock is found at once (before 0.5.22, when the other
+  holder of the node gives its lock back);
 - pages the allocator handed out (`alloc`, `alloc_extend`, `alloc_decode`) are the
   requests' own until they are free again or become the tree's (INV-CONSERVE: one
   owner each); when nothing is live (no lock, no request row), such a page is a leak.
@@ -48,6 +51,9 @@ ALLOC = ("alloc", "alloc_extend", "alloc_decode", "free", "free_segment", "free_
          "free_group_begin", "free_group_end", "clear", "merge_and_sort_free")
 ALLOCATES = {"alloc", "alloc_extend", "alloc_decode"}
 IN_HAND = "requests' own pages"
+# Before 0.5.22 a request's lock is a bare inc_lock_ref on req.last_node, which these calls
+# give back inside (True: and take again on the node the request's pages now end on).
+MOVES_REQUEST_LOCK = {"cache_finished_req": False, "cache_unfinished_req": True}
 
 
 class SglangObserver(ObserverBase):
@@ -111,6 +117,8 @@ class SglangObserver(ObserverBase):
         m = call.method
         if m == "checkpoint":
             return getattr(call.arg(0, "req"), "lock", None)
+        if m in MOVES_REQUEST_LOCK:
+            return getattr(call.arg(0, "req"), "last_node", None)
         if call.target == "alloc" and m.startswith("free") and m not in ("free_group_begin", "free_group_end"):
             first = call.arg(0, "free_index" if m != "free_page_ids" else "page_ids")
             if m == "free_segments":
@@ -152,14 +160,28 @@ class SglangObserver(ObserverBase):
             return set(self.path(node))
         if m == "dec_lock_ref":
             node = call.arg(0, "node")
-            for i, (_, held) in enumerate(self.anonymous):
-                if held is node:
-                    del self.anonymous[i]
-                    break
+            self._unlock_anonymous(node)
             return set(self.path(node))
+        if m in MOVES_REQUEST_LOCK:  # their own dec_lock_ref (and inc_lock_ref) ran nested, unseen
+            moved = self._unlock_anonymous(token)
+            now = getattr(call.arg(0, "req"), "last_node", None)
+            if moved is not None and now is not None and MOVES_REQUEST_LOCK[m]:
+                self.anonymous.append((moved, now))
+            return None
         if m == "match_prefix":
             return set()
-        return None  # evict, insert, reset, free_kv_row, cache_*_req: what changed is not named
+        return None  # evict, insert, reset, free_kv_row: what changed is not named
+
+    def _unlock_anonymous(self, node: object) -> str | None:
+        """End one bare inc_lock_ref holder of `node`; its name (None: there was none)."""
+        for i, (name, held) in enumerate(self.anonymous):
+            if held is node:
+                del self.anonymous[i]
+                return name
+        return None
+
+    def _anonymous_on(self, node: object) -> str | None:
+        return next((name for name, held in self.anonymous if held is node), None)
 
     # -- observing -------------------------------------------------------------------------
 
@@ -193,6 +215,10 @@ class SglangObserver(ObserverBase):
         if call.method == "unlock":
             held = self.locks.get(id(call.arg(0, "lock")))
             return None if held is None else held[0]
+        if call.method == "dec_lock_ref":
+            return self._anonymous_on(call.arg(0, "node"))
+        if call.method == "cache_finished_req":
+            return self._anonymous_on(getattr(call.arg(0, "req"), "last_node", None))
         return None
 
     def table(self, request: str) -> Collection[int]:
@@ -218,8 +244,9 @@ class SglangObserver(ObserverBase):
             return f"lock on node {v.node.id}"
         if kind == "MatchPrefixParams":
             return f"MatchPrefixParams(key of {len(v.key)} tokens)"
-        if kind == "MatchResult":
-            return f"MatchResult(prefix {v.device_prefix_len}, node {v.last_device_node.id})"
+        if kind == "MatchResult":  # a length from 0.5.22; before, the matched slots
+            prefix = v.device_prefix_len if hasattr(v, "device_prefix_len") else len(v.device_indices)
+            return f"MatchResult(prefix {prefix}, node {v.last_device_node.id})"
         if kind == "EvictParams":
             return f"EvictParams(num_tokens={v.num_tokens})"
         if kind == "EvictResult":
