@@ -371,6 +371,7 @@ class Tally:
     internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
     unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
     steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
+    unwatched: list[str] = field(default_factory=list)  # engine classes whose package this Python lacks
 
     def summary(self, engine: str = "", alarms: int = 20) -> str:
         head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
@@ -388,6 +389,9 @@ class Tally:
             lines.append(f"note: {self.unconfirmed} incremental finding(s) were not confirmed by a full check")
         for e in self.internal[:5]:
             lines.append(f"shadow's own error (the engine was not affected): {e}")
+        for path in self.unwatched:
+            package = path.partition(".")[0]
+            lines.append(f"not watched: {path} (its package, {package}, is not installed in this Python)")
         return "\n".join(lines)
 
 
@@ -925,7 +929,13 @@ def attach(obj: object, engine: str | type, *, mode: Mode = "raise", interval: i
     existing = known() if known is not None else None
     if existing is not None and existing.active:
         return existing
-    observer = cast(Observer, observer_class(engine)(obj))
+    cls = observer_class(engine)
+    try:
+        observer = cast(Observer, cls(obj))
+    except (AttributeError, TypeError) as e:
+        watches = ", ".join(getattr(cls, "classes", ())) or "its engine's objects"
+        raise TypeError(f"the {engine_spec(engine)} observer cannot attach to this {type(obj).__name__} object "
+                        f"({type(e).__name__}: {e}); it attaches to {watches}") from e
     shadow = Shadow(observer, engine_spec=engine_spec(engine), mode=mode, interval=interval, full_every=full_every,
                     incremental=incremental, history=history, ring=ring, gap=gap, report_dir=report_dir,
                     script_limit=script_limit, tally=tally)
@@ -1063,6 +1073,8 @@ def install(engine: str | type, *, mode: Mode = "record", interval: int = 1, ful
 
     inst = _Install(spec, make, shared)
     for path in getattr(cls, "classes", ()):
+        if importlib.util.find_spec(path.partition(".")[0]) is None:
+            shared.unwatched.append(path.partition(":")[0])
         inst.undo.append(_hook_class(path, inst.new_object))
     _installs[spec] = inst
     return shared
@@ -1137,9 +1149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[ENV] = a.engine + (",report" if a.report else "")
     if not os.environ.get(ENV):
         p.error(f"name the engine: --engine or {ENV}")
-    first = _engines(_parse_env(os.environ[ENV])[0])[0]
-    if not any(i.engine == engine_spec(first) for i in _installs.values()):
-        install_from_env()
+    try:
+        first = _engines(_parse_env(os.environ[ENV])[0])[0]
+        if not any(i.engine == engine_spec(first) for i in _installs.values()):
+            install_from_env()
+    except (ValueError, ImportError) as e:
+        p.error(str(e))
     if a.module:
         sys.argv = [a.module, *a.rest]
         runpy.run_module(a.module, run_name="__main__", alter_sys=True)
@@ -1172,7 +1187,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     engine = config.getoption("kvoracle_shadow", None)
     if engine:
-        config.pluginmanager.register(_Plugin(config, str(engine)), "kvoracle-shadow-session")
+        import pytest
+
+        try:
+            plugin = _Plugin(config, str(engine))
+        except (ValueError, ImportError) as e:
+            raise pytest.UsageError(f"--kvoracle-shadow {engine}: {e}") from None
+        config.pluginmanager.register(plugin, "kvoracle-shadow-session")
 
 
 class _Plugin:
@@ -1217,7 +1238,11 @@ class _Plugin:
 
 
 if os.environ.get(ENV) and __name__ != "__main__":
-    install_from_env()
+    try:
+        install_from_env()
+    except (ValueError, ImportError) as _bad:  # a bad KVORACLE_SHADOW: a usage error, not a traceback
+        print(f"kvoracle shadow: {_bad}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 if __name__ == "__main__":
     from kvoracle import shadow as _imported  # the installed copy, where the hooks live

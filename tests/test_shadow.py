@@ -375,6 +375,40 @@ def test_environment_variable_attaches_in_a_process_we_do_not_write(tmp_path: Pa
     assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "served" not in done.stdout
 
 
+
+class AbsentEngineObserver(ToyObserver):
+    """An observer of an engine this Python does not have."""
+
+    classes = ("kvoracle_absent_engine.core:Cache",)
+
+
+def test_an_engine_this_python_lacks_is_named_not_passed_in_silence(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_nothing="def test_fine():\n    pass\n")
+    absent = f"{Path(__file__).resolve()}:AbsentEngineObserver"
+    result = pytester.runpytest_inprocess("-p", "kvoracle.shadow", "--kvoracle-shadow", absent, "-p",
+                                          "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.stdout.fnmatch_lines(["*0 engine object(s)*", "not watched: kvoracle_absent_engine.core (its package, "
+                                                          "kvoracle_absent_engine, is not installed in this Python)"])
+
+
+def test_a_misspelt_engine_is_a_usage_error_everywhere(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result = pytester.runpytest_inprocess("-p", "kvoracle.shadow", "--kvoracle-shadow", "vlm", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvoracle-shadow vlm: unknown shadow engine 'vlm': use one of vllm*"])
+    script = tmp_path / "serve.py"
+    script.write_text("print('served')\n")
+    for run in (["-m", "kvoracle.shadow", str(script)], ["-c", "import kvoracle.shadow"]):
+        done = subprocess.run([sys.executable, *run], env={**os.environ, shadow.ENV: "vlm"}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "unknown shadow engine 'vlm'" in done.stderr and "served" not in done.stdout
+
+
+def test_attaching_to_the_wrong_object_says_what_the_observer_attaches_to() -> None:
+    with pytest.raises(TypeError, match="cannot attach to this SimpleNamespace object .* attaches to toy_engine:ToyEngine"):
+        attach(SimpleNamespace(), ToyObserver)
+
+
 # --- a scheduler's steps ------------------------------------------------------------------------
 
 
