@@ -13,6 +13,7 @@ import ast
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -50,6 +51,7 @@ _REQUEST = re.compile(r"\brequest (r\d+)\b")
 _RANK = re.compile(r"^\[rank\d+\]:\s?")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
 ENDED = "ProcessEnded"  # what a reproduction whose process was ended (no exception) failed with
+HUNG_SLACK = 30.0  # seconds a hang's reproduction gives its other calls beyond the step timeout
 TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT", "LIVE-PROGRESS")  # judged on the last call: the view before it is kept
 
 
@@ -71,6 +73,10 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     source, live = adapter_source(type(adapter)), expected_live(state)
     record = ", ".join(f"{k}={v!r}" for k, v in checker_record(state, adapter, violation).items())
     body = ["# the engine calls of the shrunk program", *calls[:cut]]
+    hung = watchdog.EngineHung.__name__ in str(violation)  # fail, not hang, while the engine has the bug
+    if hung:
+        body[:0] = [f"watch({watchdog.LIMIT[0] + HUNG_SLACK:g})  # a call hung the engine: fail with EngineHung, "
+                    "not hang, once the calls below have run that long"]
     if pid in TRANSITIONS:
         body.append(f"_before = view_now({source!r}, globals(), live={live!r})")
     refining = _refining(state, pid)
@@ -83,6 +89,8 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
         last = [f"_last.result = {made.source(f'attached({source!r}, globals())')}",
                 *(f"# which runs: {line}" for line in "\n".join(last).splitlines())]
     body += [textwrap.indent(line, "    ") for line in last] or ["    pass"]
+    if hung:
+        body.append("watch(0)  # the calls are over")
     # what a bad call raises is its refusal, judged by BAD-INPUT alone; what a valid call raises is a finding
     raised = "_last.error" if pid == "BAD-INPUT" or not _bad_call(violation.step) else "None"
     call = f"{pid!r}, {source!r}, globals(), live={live!r}, raised={raised}"
@@ -94,7 +102,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
              f"fails_with({call}{', ' + record if record else ''})"]
     extras = getattr(adapter, "assertions", "").rstrip()
     outcomes = "from kvoracle.spec.types import Error, Ok, Partial, Timeout"  # a Call's arguments may name them
-    imports = ["from kvoracle.oracle.findings import Last, attached, fails_with, view_now"]
+    imports = ["from kvoracle.oracle.findings import Last, attached, fails_with, view_now, watch"]
     if made is not None:
         imports += ["from kvoracle.oracle.tiered import Blocks, Call", *([outcomes] if outcomes not in preamble else [])]
     return "\n".join([*header, "", preamble, "", *imports, "",
@@ -171,8 +179,8 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
         return path, why
     path.write_text(with_hash_seed(text, os.environ.get("PYTHONHASHSEED", "")), encoding="utf-8")
     silent = result.ended is not None and result.ended.silent > 0
-    hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # its reproduction hangs too: wait less
-    return path, run_reproduction(path, watchdog.LIMIT[0] + 60 if hung else 300)
+    hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # it fails late (watch) or hangs: wait less
+    return path, run_reproduction(path, watchdog.LIMIT[0] + HUNG_SLACK + 60 if hung else 300)
 
 
 def with_hash_seed(text: str, seed: str) -> str:
@@ -339,6 +347,17 @@ class Last:
             self.error = error
             return True
         return False
+
+
+def watch(seconds: float) -> None:
+    """A reproduction of a hang: once the engine calls that follow have run `seconds` in
+    all, EngineHung is raised inside the one running, so a standalone run fails as the
+    campaign did (in the main thread of a POSIX process); watch(0) disarms it."""
+    def fire(signum: int, frame: object) -> None:
+        raise watchdog.EngineHung(seconds)
+
+    signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)  # 0: disarmed
 
 
 def fails_with(pid: str, source: str, namespace: dict[str, object], live: Mapping[str, int] | None = None,
@@ -529,7 +548,8 @@ def run_reproduction(path: Path, timeout: float = 300) -> str:
 def confirms(failure: str, first_id: str) -> bool:
     """What a reproduction failed with is the check of the property it was written for
     (for a call that hung or ended the process, VALID-INPUT: the reproduction does too)."""
-    ended = first_id == "VALID-INPUT" and failure.startswith((watchdog.EngineHung.__name__, ENDED))
+    bare = re.sub(r"^[\w.]*\.(?=EngineHung\b)", "", failure)  # kvoracle.oracle.watchdog.EngineHung: ... raised by watch
+    ended = first_id == "VALID-INPUT" and bare.startswith((watchdog.EngineHung.__name__, ENDED))
     return ended or failure.startswith(f"AssertionError: {first_id}")
 
 

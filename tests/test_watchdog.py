@@ -3,19 +3,38 @@ the campaign goes on (oracle.watchdog)."""
 
 from __future__ import annotations
 
+import importlib
 import signal
+import sys
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import findings, watchdog
 from kvoracle.oracle.campaign import run_machine
 from kvoracle.oracle.cli import Settings, run_target
+from kvoracle.oracle.engine_campaign import run_engine
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.targets import Target
 from kvoracle.spec.types import Outcome, TransferId
 
 FOREVER = 60.0  # seconds a hung call waits when nothing interrupts it (the test then fails)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+ToyAdapter: Any = importlib.import_module("toy_engine").ToyAdapter  # docs/examples/toy_engine.py
+
+
+class HangingToy(ToyAdapter):  # type: ignore[misc]
+    """The toy engine, whose evict of 3 or more blocks waits for ever (in its script, so
+    the reproduction makes the same call)."""
+
+    name = "hanging_toy"
+
+    def evict(self, blocks: int) -> object:
+        if blocks >= 3:
+            self.run("import threading\nthreading.Event().wait(60)")
+        return super().evict(blocks)
 
 
 @pytest.fixture()
@@ -92,3 +111,17 @@ def test_a_hung_engine_is_a_finding_with_an_id_and_the_campaign_goes_on(short_li
     assert found is not None and found.first_id == "VALID-INPUT" and "EngineHung" in str(found)
     assert "complete" in found.step  # the call that hung: a transfer's completion, in a step or in the drain
     assert after.verdict == "pass"
+
+
+def test_a_hangs_reproduction_fails_standalone_rather_than_hang(short_limits: None, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reproduction of a hung call arms its own limit (findings.watch): run alone, it
+    fails with the campaign's ID in about the step timeout, where it used to hang until
+    whoever ran it gave up."""
+    monkeypatch.setattr(findings, "HUNG_SLACK", 1.0)
+    row = run_engine(HangingToy, False, [0], 10, 20, tmp_path)
+    assert row.result.first_id == "VALID-INPUT" and row.reproduction is not None
+    text = row.reproduction.read_text()
+    assert "watch(1.3)" in text and "watch(0)" in text
+    assert row.confirmed, row.reproduces  # it ran standalone once, under the parent's (longer) wait
+    assert "EngineHung" in row.reproduces and "no answer within" not in row.reproduces
