@@ -3,6 +3,7 @@ is source text, built and compiled here, never run)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -44,3 +45,21 @@ def test_a_jobs_source_and_destination_are_read_from_either_shape() -> None:
     specs = functions_of(vc.OFFLOAD_BY_JOB, "specs")["specs"]
     assert specs(SimpleNamespace(req_id="r0", transfer_spec=("gpu", "cpu"))) == ("gpu", "cpu")  # 0.21 .. 0.25
     assert specs(SimpleNamespace(req_id="r0", src_spec="gpu", dst_spec="cpu")) == ("gpu", "cpu")  # 0.26+
+
+
+def test_a_flushed_store_is_heard_when_its_steps_output_is_processed() -> None:
+    """The worker reports a job it waited for (a flush) with the output of the step that
+    flushed it; the scheduler hears of it only when it processes that output (with async
+    scheduling, after it has scheduled the next step): until then the job is pending."""
+    ns = functions_of(vc.WORKER, "Transfer", "Worker", Counter=Counter, KVConnectorOutput=SimpleNamespace,
+                      worker_meta=dict)
+    w = ns["Worker"]()
+    w.now = 1
+    store = w.start("store", "r1", [3, 4], key=7)
+    w.wait(store)  # the step that reports r1's preemption flushes its store
+    out, reported = w.report()  # the worker runs that step
+    assert out.kv_connector_worker_meta == {7: 1} and reported == [store.id]
+    assert w.pending() == [store]  # the output is in flight: the scheduler still counts the job
+    assert w.report()[1] == []  # the next step's output does not report it again
+    w.heard(reported)  # the scheduler processes the flushing step's output
+    assert w.pending() == []

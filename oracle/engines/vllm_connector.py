@@ -34,7 +34,10 @@ schedule = one engine step, if the engine would step (Scheduler.has_requests(); 
            row steps regardless, as other traffic would make it): schedule(); the worker
            runs the step's transfers; update_from_output with one sampled token per request
            whose prefill is complete and the step's KVConnectorOutput [EngineCore.step].
-           With async scheduling, EngineCore.step_with_batch_queue (two steps in flight)
+           With async scheduling, EngineCore.step_with_batch_queue (two steps in flight):
+           the KVConnectorOutput is made when the worker runs the step (what ended by then,
+           the jobs that step flushed included) and reaches the scheduler with that step's
+           model output, after the next schedule()
 finish   = finish_requests(FINISHED_STOPPED); abort = finish_requests(FINISHED_ABORTED)
            [EngineCore.abort_requests, the output processor's stop strings]
 preempt  = what schedule() does to the request it preempts when blocks run short:
@@ -335,6 +338,7 @@ class Worker:
         self.asked = set()  # requests whose external hit was asked for
         self.keyed_by_request = False  # store jobs end by finished_sending of their request
         self.waited = []  # (transfer, failed items) the worker waited for: reported with the step's output
+        self.unheard = {}  # transfer id -> Transfer the worker reported in a step output not yet processed
 
     def fault(self):
         f = self.plan.pop(0) if self.plan else ("ok", 0, 0)
@@ -399,10 +403,24 @@ class Worker:
         says (it does not hang the step); reported with the step's output."""
         self.waited.append((t, self.end(t)))
 
+    def pending(self):
+        """The transfers vLLM's scheduler has not heard the end of: still running, or reported
+        in a step's output it has not processed yet (async scheduling). (The jobs waited for
+        at a preemption are reported by the next step's output; they read no block by then.)"""
+        return list(self.live.values()) + list(self.unheard.values())
+
+    def heard(self, ids):
+        """The scheduler processed the output that reported the transfers ids."""
+        for i in ids:
+            self.unheard.pop(i, None)
+
     def report(self):
-        """The KVConnectorOutput a worker attaches to this step's model output."""
+        """The KVConnectorOutput a worker attaches to the model output of the step it runs
+        now, and the ids of the transfers it reports: the scheduler hears of them when it
+        processes that output (with async scheduling, after it schedules the next step)."""
         recving, sending, invalid, jobs = set(), set(), set(), {}
         answered, self.waited = self.waited + self.answers(), []
+        self.unheard.update((t.id, t) for t, _ in answered)
         for t, bad in answered:
             if t.kind == "load":
                 recving.add(t.req)
@@ -418,7 +436,7 @@ class Worker:
             out.invalid_block_ids = invalid
         if jobs:
             out.kv_connector_worker_meta = worker_meta(jobs)
-        return out
+        return out, [t.id for t, _ in answered]
 
 
 W = Worker()
@@ -661,7 +679,7 @@ sched = sched_class(vllm_config, kv_cache_config, StructuredOutputManager(vllm_c
 mgr = sched.kv_cache_manager
 pool = mgr.block_pool
 REQS = {}  # every request submitted, by id (vLLM forgets a request once it is freed)
-QUEUE = deque()  # steps in flight (async scheduling): (output, blocks written, requests sampling)
+QUEUE = deque()  # steps in flight (async scheduling): (output, blocks written, requests sampling, worker's report)
 DEPTH = 2 if ASYNC else 1
 HELD = []  # requests preempted since the last schedule(): vLLM resumes none in the step that preempts it
 OUT_OF_BAND = set()  # ... and, before vLLM reported such preemptions itself (0.27), their ids
@@ -701,15 +719,19 @@ def _dispatch():
         writes[rid] = [b.block_id for b in tables[rid][start // B:(start + n - 1) // B + 1]]
         if req.num_computed_tokens >= req.num_tokens:  # not a partial prefill: the step samples
             sampling.add(rid)
-    QUEUE.appendleft((out, writes, sampling))
+    # The worker runs the step now: its KVConnectorOutput (what ended by now, the jobs it
+    # flushed included) travels with the step's model output, which the scheduler processes
+    # when it pops the step (with async scheduling, after it has scheduled the next one).
+    QUEUE.appendleft((out, writes, sampling, W.report()))
     return out
 
 
 def _process():
-    out, _, sampling = QUEUE.pop()
+    out, _, sampling, (report, reported) = QUEUE.pop()
     ids = list(out.num_scheduled_tokens)
     ran = runner_output(ids, [[1] if r in sampling else [] for r in ids])
-    ran.kv_connector_output = W.report()
+    ran.kv_connector_output = report
+    W.heard(reported)
     sched.update_from_output(out, ran)
 
 
@@ -959,10 +981,10 @@ class VllmConnector(Scripted):
         are not ordered with the step's writes."""
         if not self.pin_steps:
             return []
-        return [(f"step {out.total_num_scheduled_tokens}@{id(out):x}", writes) for out, writes, _ in self.queue]
+        return [(f"step {out.total_num_scheduled_tokens}@{id(out):x}", writes) for out, writes, *_ in self.queue]
 
     def transfers(self) -> list[object]:
-        live: list[object] = [repr(t) for t in self.worker.live.values()]
+        live: list[object] = [repr(t) for t in self.worker.pending()]
         return live + [name for name, _ in self._steps_in_flight()]
 
     def faults_injected(self) -> int:
@@ -994,7 +1016,7 @@ class VllmConnector(Scripted):
         table kept until its transfer reports, a store job's references (0.28+), the
         deferred frees of steps in flight (0.24+)."""
         held: Counter[int] = Counter()
-        busy = {t.req for t in self.worker.live.values()}
+        busy = {t.req for t in self.worker.pending()}
         if self.pin_steps:
             busy |= {r for _, writes in self._steps_in_flight() for r in writes}
         for rid, blocks in self._tables().items():
@@ -1014,7 +1036,7 @@ class VllmConnector(Scripted):
         again flushes the job first (jobs_to_flush), so the job owns the block until it ends."""
         side = getattr(getattr(self.sched, "connector", None), "connector_scheduler", None)
         fences: Mapping[int, set[int]] = getattr(side, "_block_id_to_pending_jobs", {})
-        running = {t.key for t in self.worker.live.values() if t.kind == "store"}
+        running = {t.key for t in self.worker.pending() if t.kind == "store"}
         return {b for b, jobs in fences.items() if not running.isdisjoint(jobs)}
 
     def observe(self) -> Observation:
