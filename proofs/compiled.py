@@ -154,8 +154,9 @@ def _reduce(obj: object) -> tuple[type, tuple[Any, ...]]:
 
 
 def _pickle_compiled_classes(root: Path) -> None:
-    """Check that the compiled modules are the ones imported, and let pickle take their
-    dataclasses apart (the frontier and the partitions pickle states)."""
+    """Check that the compiled modules are the ones imported, and let pickle take apart
+    their dataclasses that have no `__reduce__` of their own (proofs/native.py writes one
+    for each frozen one; the frontier and the partitions pickle states)."""
     from dataclasses import is_dataclass
 
     from kvoracle.spec.frozen import field_names
@@ -165,7 +166,8 @@ def _pickle_compiled_classes(root: Path) -> None:
         if str(module.__file__).endswith(".py"):
             raise CompileError(f"{module.__name__} was imported from its source, not compiled: {module.__file__}")
         for value in vars(module).values():
-            if isinstance(value, type) and is_dataclass(value) and field_names(value) is not None:
+            if (isinstance(value, type) and is_dataclass(value) and field_names(value) is not None
+                    and "__reduce__" not in vars(value)):
                 copyreg.pickle(value, _reduce)
 
 

@@ -1,5 +1,5 @@
 """Spec's frozen dataclasses rewritten for mypyc: each gets its `__init__`, `__eq__` and
-`__hash__` written out, and a `__copy__`, which mypyc compiles to native code.
+`__hash__` written out, and a `__copy__` and a `__reduce__`, which mypyc compiles to native code.
 
 The methods that `dataclasses` generates are Python code made at import time, so mypyc
 cannot compile them: compiled, every state the search built still ran an interpreted
@@ -29,7 +29,8 @@ def with_native_methods(source: str) -> str:
             continue
         indent = " " * node.body[0].col_offset
         fields = _fields(node)
-        methods = "\n\n".join(m.strip("\n") for m in (_init(fields), _copy(node.name, fields), _equality(node.name, fields)))
+        methods = "\n\n".join(m.strip("\n") for m in (_init(fields), _copy(node.name, fields), _reduce(node.name, fields),
+                                                       _equality(node.name, fields)))
         assert node.end_lineno is not None and decorator.end_lineno is not None
         lines.insert(node.end_lineno, "\n" + "".join(f"{indent}{line}\n" if line else "\n" for line in methods.splitlines()))
         keywords = [ast.unparse(k) for k in decorator.keywords if k.arg != "frozen"]
@@ -83,6 +84,13 @@ def _copy(cls: str, fields: list[Field]) -> str:
     """A native `__copy__` (spec.frozen.replace copies, then sets the changed fields)."""
     values = ", ".join(f"self.{name}" for name, _, _ in fields)
     return f"def __copy__(self) -> {cls}:\n    return {cls}({values})"
+
+
+def _reduce(cls: str, fields: list[Field]) -> str:
+    """A native `__reduce__`: pickle (the frontier's spilled chunks, the partitions'
+    arrivals) takes an instance apart in compiled code, not through a Python function."""
+    values = "".join(f"self.{name}, " for name, _, _ in fields)
+    return f"def __reduce__(self) -> tuple[type[{cls}], tuple[object, ...]]:\n    return ({cls}, ({values}))"
 
 
 def _equality(cls: str, fields: list[Field]) -> str:
