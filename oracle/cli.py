@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import importlib.metadata
+import importlib.util
 import json
 import os
 import sys
 import tempfile
 import time
+from contextlib import closing
 from functools import partial
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Sequence, TextIO, cast
 
 from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
 from kvoracle.oracle import campaign
@@ -19,7 +23,7 @@ from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, run_s
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
 from kvoracle.oracle.findings import standalone, write_reproduction
-from kvoracle.oracle.engines import ENGINES
+from kvoracle.oracle.engines import ENGINES, dotted
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
@@ -33,6 +37,9 @@ from kvoracle.oracle.survival import ended_result, quiet
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.unchecked import unchecked
 from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
+
+if TYPE_CHECKING:  # the engine campaign's modules load when an engine is checked
+    from kvoracle.oracle.engine_campaign import EngineRow
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -95,10 +102,22 @@ def target_row(target: Target, result: RunResult, tally: Tally, seconds: float) 
 
 
 def progress(out: TextIO, done: int, total: int, label: str) -> None:
+    """A bar redrawn in place on a terminal; elsewhere (a CI log) a plain line per tenth done."""
+    if not out.isatty():
+        if total and done and (done == total or 10 * done // total > 10 * (done - 1) // total):
+            out.write(f"kvoracle: {done}/{total} done" + ("" if done == total else f"; now {label.strip()}") + "\n")
+            out.flush()
+        return
     width = 24
-    filled = width * done // total
+    filled = width * done // total if total else width
     out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<28}")
     out.flush()
+
+
+def end_progress(out: TextIO) -> None:
+    """The bar's line ended (a plain progress line ends itself)."""
+    if out.isatty():
+        out.write("\n")
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -124,17 +143,12 @@ def show(rows: Sequence[Row]) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.engine or args.adapter:
         return cmd_check_engine(args)
-    for flag, given in (("--bad-input", args.bad_input), ("--expect", args.expect)):
-        if given:
-            print(f"kvoracle check: {flag} needs --engine or --adapter", file=sys.stderr)
-            return 2
+    problem = check_problem(args)
+    if problem:
+        print(f"kvoracle check: {problem}", file=sys.stderr)
+        return 2
     targets = all_targets()
     if args.mutant:
-        names = {t.name for t in targets if t.mutant is not None}
-        if args.mutant not in names:
-            print(f"kvoracle check: no mutant named {args.mutant!r}; known: {', '.join(sorted(names))}",
-                  file=sys.stderr)
-            return 2
         level = next(t.level for t in targets if t.name == args.mutant)
         targets = [t for t in targets if t.name == args.mutant or (t.mutant is None and t.level == level)]
     if args.level != "all":
@@ -147,7 +161,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     jobs = [Job(t, seeds, args.examples, args.steps, tracker is not None and t.mutant is None, settings)
             for t in targets]
     rows = run_jobs(jobs, args.workers, tracker, args.ray)
-    sys.stderr.write("\n")
+    end_progress(sys.stderr)
     print(table(rows))
     if args.show:
         print(show(rows))
@@ -162,8 +176,65 @@ def cmd_check(args: argparse.Namespace) -> int:
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
-          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach)
+          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach
+          + small_campaign_hint(args, bad))
     return 0 if not bad else 1
+
+
+def check_problem(args: argparse.Namespace) -> str:
+    """Why the reference-and-mutants campaign cannot run as asked ('' when it can): found
+    before it runs, not after minutes of it."""
+    for flag, given in (("--bad-input", args.bad_input), ("--expect", args.expect)):
+        if given:
+            return f"{flag} needs --engine or --adapter"
+    levels = {m.name: m.level for m in MUTANTS}
+    if args.mutant and args.mutant not in levels:
+        return f"no mutant named {args.mutant!r}; known: {', '.join(sorted(levels))}"
+    level = levels.get(args.mutant or "")
+    if level and args.level not in ("all", level):
+        return f"{args.mutant} is a {level}-level mutant; use --level {level} (or leave --level out)"
+    if level and args.record and args.record_level != level:
+        return f"--record: {args.mutant} is a {level}-level mutant; use --record-level {level}"
+    if args.coverage_report and (args.no_coverage or importlib.util.find_spec("coverage") is None):
+        return ("--coverage-report excludes --no-coverage" if args.no_coverage
+                else "--coverage-report needs coverage.py: pip install coverage")
+    return output_problem(args, args.repro_dir)
+
+
+def output_problem(args: argparse.Namespace, repro_dir: str | None) -> str:
+    """The first output path given that cannot be written ('' when all can)."""
+    paths = (("--repro-dir", repro_dir, True), ("--json", args.json, False), ("--record", args.record, False),
+             ("--coverage-report", args.coverage_report, False))
+    return next((why for option, path, is_dir in paths if path and (why := unwritable(option, path, is_dir))), "")
+
+
+def unwritable(option: str, path: str, is_dir: bool) -> str:
+    """Why `path` (a directory, or a file) cannot be written ('' when it can). Probed by
+    writing a temporary file in its nearest existing directory: access() says yes to root
+    on /proc, say. Nothing is created that stays."""
+    target = Path(path).absolute()
+    if target.exists() and target.is_dir() != is_dir:
+        return f"{option} {path}: {'not a directory' if is_dir else 'is a directory'}"
+    where = target if is_dir else target.parent
+    while not where.exists():
+        where = where.parent
+    try:
+        if not where.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        tempfile.TemporaryFile(dir=where).close()
+    except OSError as e:
+        return f"{option} {path}: {where} is not writable ({e.strerror or e})"
+    return ""
+
+
+def small_campaign_hint(args: argparse.Namespace, bad: Sequence[Row]) -> str:
+    """Why a mutant may survive: a campaign smaller than the default one, which every
+    mutant is held to (tests/test_mutants.py)."""
+    small = args.seeds < campaign.SEEDS or args.examples < campaign.EXAMPLES or args.steps < campaign.STEPS
+    if not small or not any(r.verdict == "SURVIVED" for r in bad):
+        return ""
+    return (f"\n(a campaign smaller than the default --seeds {campaign.SEEDS} --examples {campaign.EXAMPLES} "
+            f"--steps {campaign.STEPS} may not reach a mutant's bug)")
 
 
 @dataclass(frozen=True)
@@ -245,16 +316,29 @@ def run_jobs(jobs: Sequence[Job], workers: int, tracker: Tracker | None, ray: st
         here = ray in (None, LOCAL)  # a remote node's journal is on its own disk
         jobs = [replace(job, journal=f"{where}/{i}" if here else "") for i, job in enumerate(jobs)]
         beats = [Path(job.journal) if job.journal else None for job in jobs]
-        for i, (job, answer) in enumerate(zip(jobs, each_alone(run_job, jobs, workers, ray, beats, quiet()))):
-            if isinstance(answer, Ended):
-                lines = read(Path(job.journal)) if job.journal else None
-                result = ended_result(job.target.machine(), lines, answer, partial(prepare, job))
-                answer = Done(result, Tally(), result.seconds, {})
-            rows.append(target_row(job.target, answer.result, answer.tally, answer.seconds))
-            if tracker is not None:
-                tracker.merge(answer.arcs)
-            progress(sys.stderr, i + 1, len(jobs), names[i + 1])  # the next job's name: it runs now
+        answers = each_alone(run_job, jobs, workers, ray, beats, quiet())
+        try:
+            with closing(answers):  # closed, its children end with it (on Ctrl-C too)
+                for i, (job, answer) in enumerate(zip(jobs, answers)):
+                    rows.append(row_of(job, answer))
+                    if tracker is not None:
+                        tracker.merge(answer.arcs if isinstance(answer, Done) else {})
+                    progress(sys.stderr, i + 1, len(jobs), names[i + 1])  # the next job's name: it runs now
+        except KeyboardInterrupt:
+            if rows:  # what finished is not lost with the rest
+                end_progress(sys.stderr)
+                print(table(rows) + f"\n\ninterrupted: {len(rows)} of {len(jobs)} targets finished")
+            raise
     return rows
+
+
+def row_of(job: Job, answer: Done | Ended) -> Row:
+    """A job's row; a job whose process ended has its program from its journal."""
+    if isinstance(answer, Ended):
+        lines = read(Path(job.journal)) if job.journal else None
+        result = ended_result(job.target.machine(), lines, answer, partial(prepare, job))
+        return target_row(job.target, result, Tally(), result.seconds)
+    return target_row(job.target, answer.result, answer.tally, answer.seconds)
 
 
 def prepare(job: Job) -> None:
@@ -270,8 +354,8 @@ def coverage_tracker(args: argparse.Namespace) -> Tracker | None:
     try:
         return Tracker()
     except ImportError:
-        print("kvoracle check: coverage.py is not installed: no branch coverage (pip install coverage)",
-              file=sys.stderr)
+        print("kvoracle check: coverage.py is not installed: no branch coverage "
+              "(pip install coverage; --no-coverage: do not measure it)", file=sys.stderr)
         return None
 
 
@@ -339,20 +423,14 @@ def reproduce(row: Row, repro_dir: Path) -> None:
 
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
-    from kvoracle.oracle.engine_campaign import engine_table, restricted, run_engine
-    from kvoracle.oracle.engines import EngineUnavailable, adapter_class, load_adapter, protocol_of
+    from kvoracle.oracle.engine_campaign import engine_table, run_engine
 
     if args.engine and args.adapter:
         print("kvoracle check: --engine and --adapter exclude each other", file=sys.stderr)
         return 2
     try:
-        adapter = load_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
-        level = protocol_of(adapter)
-        if args.bad_input and level != "engine":
-            raise ValueError(f"--bad-input: only for EngineAdapter adapters; {adapter.__name__} is a {level} adapter")
-        if args.bad_input:
-            adapter = restricted(adapter, BadInput(args.bad_input))
-    except (EngineUnavailable, ValueError, ImportError) as e:
+        adapter, level = chosen_adapter(args)
+    except ValueError as e:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
     scheduler = level == "scheduler"
@@ -363,6 +441,11 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
                                      ("--repro-dir", args.repro_dir and not issubclass(adapter, Scripted))) if on]
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
+        return 2
+    problem = expect_problem(args.expect) or output_problem(
+        args, (args.repro_dir or REPRO_DIR) if issubclass(adapter, Scripted) else None)
+    if problem:
+        print(f"kvoracle check: {problem}", file=sys.stderr)
         return 2
     settings = settings_option(args, pool=scheduler)
     if settings is None:
@@ -382,9 +465,11 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir or REPRO_DIR),
                                Baseline.parse(args.expect) if args.expect else None))
     progress(sys.stderr, 2, 2, "done")
-    sys.stderr.write("\n")
+    end_progress(sys.stderr)
     print(engine_table(rows))
     print_unchecked(adapter)
+    for r in rows:
+        print_known(r.result.known, f" of {r.target}")
     for r in rows:
         if r.result.violation is None:
             continue
@@ -392,9 +477,85 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print("\n".join(f"  {i}. {step}" for i, step in enumerate(shown(r.result), 1)))
         if r.reproduction is not None:
             print(standalone(r.reproduction, r.reproduces, r.result.first_id))
+    if args.json:
+        write_json(args.json, [as_row(adapter, r) for r in rows])
     found = [r for r in rows if r.result.violation is not None]
     print(f"\n{label}: {len(found)} of {len(rows)} campaigns found a violation")
     return 1 if found else 0
+
+
+def as_row(adapter: type, r: EngineRow) -> Row:
+    """A request-level campaign's row as the other levels' rows, for --json (it injects no faults)."""
+    result = r.result
+    return Row(Target(r.target, "engine", None, adapter), r.tally.steps, 0, r.tally.bad_inputs, r.verdict,
+               result.first_id, len(result.counterexample), None if result.passed else result, r.seconds, {},
+               result.known)
+
+
+def print_known(known: dict[str, int], where: str = "") -> None:
+    for pid, programs in sorted(known.items()):
+        print(f"known: {pid} in {programs} programs{where} (expected with --expect; not a new finding)")
+
+
+# What the checker itself reports besides the specification's properties (spec/properties.py).
+CHECKER_IDS = ("VALID-INPUT", "BAD-INPUT", "REFINEMENT")
+
+
+def expect_problem(expect: Sequence[str]) -> str:
+    """The first --expect that names no ID a campaign can report ('' when all do): a typo
+    would otherwise let the known bug it meant go on failing, or hide nothing."""
+    from kvoracle.spec.properties import PROPERTIES
+
+    valid = [*PROPERTIES, *CHECKER_IDS]
+    wrong = next((e for e in expect if e.partition(":")[0] not in valid), None)
+    return "" if wrong is None else f"--expect {wrong}: no such ID; valid: {', '.join(valid)}"
+
+
+def chosen_adapter(args: argparse.Namespace) -> tuple[type, str]:
+    """--adapter's or --engine's class and its level; ValueError, one line, when it cannot be had."""
+    from kvoracle.oracle.engine_campaign import restricted
+    from kvoracle.oracle.engines import EngineUnavailable, adapter_class, protocol_of
+
+    try:
+        adapter = import_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
+    except EngineUnavailable:
+        raise ValueError(engine_missing(args.engine)) from None
+    level = protocol_of(adapter)
+    if args.bad_input and level != "engine":
+        raise ValueError(f"--bad-input: only for EngineAdapter adapters; {adapter.__name__} is a {level} adapter")
+    return (restricted(adapter, BadInput(args.bad_input)) if args.bad_input else adapter), level
+
+
+def import_adapter(spec: str) -> type:
+    """--adapter's class. Its module is imported here first, so that whatever the import
+    raises (a missing dependency, the module's own error) is said in one line, naming it."""
+    from kvoracle.oracle.engines import file_module, load_adapter
+
+    where = spec.rpartition(":")[0]
+    if where and (not where.endswith(".py") or Path(where).is_file()):
+        try:
+            file_module(where) if where.endswith(".py") else importlib.import_module(where)
+        except Exception as e:
+            sys.modules.pop(Path(where).stem, None)  # as Python's import does: no half-run module stays
+            why = str(e) if isinstance(e, ImportError) else f"it raised {type(e).__name__}: {e}"
+            raise ValueError(f"--adapter {spec}: cannot import {where}: {why}") from None
+    return load_adapter(spec)
+
+
+def engine_missing(name: str) -> str:
+    """How to get an engine that is not importable here: a release its adapter drives,
+    installed into this environment (the adapter's module does not import the engine)."""
+    e = ENGINES[name]
+    module = importlib.import_module(e.module)
+    cls = getattr(module, e.adapter)
+    missing = f"--engine {name}: {e.requires} is not importable in this Python"
+    releases: tuple[tuple[int, ...], tuple[int, ...]] | None = getattr(cls, "releases", None)
+    if releases is None:
+        return f"{missing}: install it here (docs/engines.md)"
+    low, high = map(getattr(module, f"{e.requires}_release", dotted), releases)  # as the engine spells a release
+    return (f"{missing}: install a release {cls.__name__} drives into this environment "
+            f"(pip install '{e.requires}>={low},<={high}'); from a kvoracle checkout, `make engines` builds {e.venv} "
+            f"with one")
 
 
 def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings) -> int:
@@ -405,13 +566,12 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, s
     seeds = list(range(args.seed, args.seed + args.seeds))
     [row] = run_jobs([Job(target, seeds, args.examples, args.steps, False, settings, baseline)], 1, None)
     use_target_faults(target)  # as its campaign drew: a program journaled by a process the engine ended renders here
-    sys.stderr.write("\n")
+    end_progress(sys.stderr)
     print(table([row]))
     print_unchecked(adapter)
     if row.outcomes:
         print("transfers ended: " + ", ".join(f"{k} {n}" for k, n in sorted(row.outcomes.items())))
-    for pid, programs in sorted(row.known.items()):
-        print(f"known: {pid} in {programs} programs (expected with --expect; not a new finding)")
+    print_known(row.known)
     if row.result is not None:
         print(show([row]))
         if issubclass(adapter, Scripted):
@@ -507,8 +667,12 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvoracle.proofs.compiled import CompileError
     from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
-    if args.partitions < 1 or (args.partitions > 1 and args.workers > 1):
-        print("kvoracle prove: --partitions must be at least 1, and excludes --workers", file=sys.stderr)
+    if args.partitions > 1 and args.workers > 1:
+        print("kvoracle prove: --partitions excludes --workers", file=sys.stderr)
+        return 2
+    if not args.no_crosshair and importlib.util.find_spec("crosshair") is None:  # else 14 rows say so
+        print("kvoracle prove: CrossHair is not installed: pip install 'kvoracle[dev]', or run with --no-crosshair",
+              file=sys.stderr)
         return 2
     if args.compiled and args.ray:
         print("kvoracle prove: --compiled runs the searches on this machine's processes: it excludes --ray",
@@ -537,6 +701,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvoracle", description="Check KV-cache block lifecycles against the kvoracle specification.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="run a checking campaign against the reference and its mutants",
                        description="Runs the stateful machines against the reference (which must pass) and "
@@ -555,13 +720,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--repro-dir", metavar="DIR",
                    help="where reproduction files of findings are written: with --engine/--adapter (a Scripted "
                         f"adapter) always, default {REPRO_DIR}; for the reference and mutants only when given")
-    c.add_argument("--seeds", type=int, default=campaign.SEEDS,
+    c.add_argument("--seeds", type=positive, default=campaign.SEEDS,
                    help=f"seeds per target; a mutant's run stops at its first kill (default {campaign.SEEDS})")
     c.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    c.add_argument("--examples", type=int, default=campaign.EXAMPLES,
+    c.add_argument("--examples", type=positive, default=campaign.EXAMPLES,
                    help=f"programs per seed on the cache machine, half as many on the scheduler machine "
                         f"(default {campaign.EXAMPLES})")
-    c.add_argument("--steps", type=int, default=campaign.STEPS,
+    c.add_argument("--steps", type=positive, default=campaign.STEPS,
                    help=f"max steps per program (default {campaign.STEPS})")
     c.add_argument("--fault-rate", type=float, default=FAULT_RATE_DEFAULT,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
@@ -580,7 +745,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--expect", action="append", default=[], metavar="ID[:STEP]",
                    help="with --adapter: a known violation (anywhere, or after STEP only); a program that shows "
                         "only known violations is counted as known and the campaign goes on (repeatable)")
-    c.add_argument("--workers", type=int, default=1, metavar="N",
+    c.add_argument("--workers", type=positive, default=1, metavar="N",
                    help="run the targets on N processes (default 1); verdicts and counterexamples do not depend on N")
     c.add_argument("--ray", metavar="ADDRESS",
                    help="run the targets on the Ray cluster at ADDRESS ('local': start one on this machine; "
@@ -592,7 +757,7 @@ def parser() -> argparse.ArgumentParser:
                    help="write coverage.py's report of the lines and branches the reference rows never take to FILE")
     c.add_argument("--record", metavar="FILE", help="also write a trace (JSON Lines) of the reference (of the "
                                                     "--mutant, when one is named) to FILE")
-    c.add_argument("--record-events", type=int, default=500,
+    c.add_argument("--record-events", type=positive, default=500,
                    help="lines in the recorded trace after its header, at least (default 500; at the scheduler "
                         "level the schedule/scheduled lines count too)")
     c.add_argument("--record-level", choices=("cache", "scheduler"), default="cache",
@@ -614,11 +779,11 @@ def parser() -> argparse.ArgumentParser:
                     help="quick: a small model and few programs (seconds); ci: the default (about 2 minutes); "
                          "deep: the larger model-check scope (minutes)")
     pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
-    pr.add_argument("--workers", type=int, default=1, metavar="N",
+    pr.add_argument("--workers", type=positive, default=1, metavar="N",
                     help="run the groups of obligations on N processes (default 1)")
     pr.add_argument("--ray", metavar="ADDRESS",
                     help="run the groups of obligations on the Ray cluster at ADDRESS ('local': start one here; needs the extra kvoracle[ray])")
-    pr.add_argument("--partitions", type=int, default=1, metavar="N",
+    pr.add_argument("--partitions", type=positive, default=1, metavar="N",
                     help="split each model check's search across N workers (processes here, Ray actors with --ray); "
                          "the groups of obligations then run one after another")
     pr.add_argument("--compiled", action="store_true",
@@ -626,7 +791,7 @@ def parser() -> argparse.ArgumentParser:
                          "the dev extra, and a C compiler; built once per version into $KVORACLE_CACHE, "
                          "else ~/.cache/kvoracle)")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
-    pr.add_argument("--examples", type=int, default=100, help="Hypothesis programs per machine (default 100)")
+    pr.add_argument("--examples", type=positive, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
     pr.set_defaults(func=cmd_prove)
     h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed",
@@ -653,17 +818,66 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execve(sys.executable, [sys.executable, "-m", "kvoracle.oracle.cli", *sys.argv[1:]],
                   {**os.environ, "PYTHONHASHSEED": HASH_SEED})
     args = parser().parse_args(argv)
+    stdout, sys.stdout = sys.stdout, cast(TextIO, ReaderGone(sys.stdout))
     try:
         code: int = args.func(args)
-        sys.stdout.flush()  # inside the try: a reader that went away shows here, not at exit
+        sys.stdout.flush()
     except ClusterUnavailable as e:
         print(f"kvoracle {args.command}: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader went away (`kvoracle ... | head`): no traceback, no more output
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 2  # the run did not finish saying what it found
+    except KeyboardInterrupt:  # Ctrl-C: the workers have ended with their generators; no traceback
+        end_progress(sys.stderr)
+        print("kvoracle: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        sys.stdout = stdout
     return code
 
+
+class ReaderGone:
+    """stdout whose reader may go away (`kvoracle mutants | head`): from then on what is
+    written goes to /dev/null, so that the command still does the rest of its work (a
+    --json file, say) and exits with its own status, with no BrokenPipeError."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, text: str) -> int:
+        try:
+            return self.out.write(text)
+        except BrokenPipeError:
+            self.gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.out.flush()
+        except BrokenPipeError:
+            self.gone()
+
+    def gone(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.out.fileno())  # Python's flush at exit lands there too
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+
+def positive(text: str) -> int:
+    """A count option's value: a whole number, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("kvoracle")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: a checkout)"
 
 if __name__ == "__main__":
     # run as kvoracle.oracle.cli, not as __main__: a Ray worker must import the functions

@@ -13,7 +13,7 @@ import shutil
 import socket
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +44,7 @@ def in_order(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray:
 
 
 def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ray: str | None = None,
-               beats: Sequence[Path | None] = (), quiet: float = 0) -> Iterator[R | Ended]:
+               beats: Sequence[Path | None] = (), quiet: float = 0) -> Generator[R | Ended, None, None]:
     """work(piece) for every piece, each in a process of its own (forked: it inherits what
     this one loaded, adapters from files included), at most `workers` at once, yielded
     in order; a piece whose process ended without answering yields Ended, and the rest

@@ -1,0 +1,223 @@
+"""The command line's answer to bad input: one line on stderr and exit status 2, before
+any campaign runs; and its manners (Ctrl-C, a reader that goes away, a CI log)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvoracle.oracle import cli
+from kvoracle.oracle.cli import main
+from kvoracle.oracle.workers import each_alone
+
+TOY = "docs/examples/toy_engine.py:ToyAdapter"
+TINY = ["--seeds", "1", "--examples", "5"]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line `kvoracle` refuses argv with (exit status 2)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("mutant, level", [("double-free", "cache"), ("write-raise-finish", "scheduler")])
+def test_a_mutant_of_another_level_is_refused_naming_its_level(
+        mutant: str, level: str, capsys: pytest.CaptureFixture[str]) -> None:
+    other = "scheduler" if level == "cache" else "cache"
+    err = refused(["check", "--mutant", mutant, "--level", other], capsys)
+    assert f"{mutant} is a {level}-level mutant; use --level {level}" in err
+
+
+def test_progress_of_nothing_to_do_divides_by_nothing() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for out in (Terminal(), io.StringIO()):
+        cli.progress(out, 0, 0, "done")
+
+
+def test_progress_off_a_terminal_is_a_plain_line_per_tenth() -> None:
+    out = io.StringIO()  # not a terminal: a CI log
+    for done in range(26):
+        cli.progress(out, done, 25, f"target {done}")
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and 10 <= len(lines) <= 11
+    assert lines[-1] == "kvoracle: 25/25 done"
+
+
+@pytest.mark.parametrize("adapter", [["--adapter", TOY], ["--engine", "reference"]])
+def test_json_is_written_for_a_request_level_adapter(adapter: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    assert main(["check", *adapter, *TINY, "--json", str(out), "--repro-dir", str(tmp_path / "repro")]) in (0, 1)
+    rows = json.loads(out.read_text())
+    assert [r["level"] for r in rows] == ["engine", "engine"] and rows[1]["target"].endswith("+bad input")
+    assert set(rows[0]) >= {"target", "steps", "faults", "bad_inputs", "verdict", "first_id", "shrunk", "known",
+                            "violation", "counterexample"}
+
+
+def test_known_violations_of_a_request_level_adapter_are_listed(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    expect = [x for pid in ("INV-NO-UAF", "INV-CONSERVE", "INV-REFCOUNT") for x in ("--expect", pid)]
+    assert main(["check", "--adapter", TOY, "--seeds", "1", "--examples", "20", *expect,
+                 "--repro-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "known: INV-NO-UAF in " in out and "programs of toy (expected with --expect" in out
+
+
+def test_an_expected_id_that_is_no_id_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["check", "--adapter", TOY, "--expect", "FOO-BAR"], capsys)
+    assert "--expect FOO-BAR: no such ID" in err and "INV-NO-UAF" in err and "REFINEMENT" in err
+    assert main(["check", "--adapter", TOY, *TINY, "--expect", "VALID-INPUT:admit",  # a step may follow
+                 "--repro-dir", str(tmp_path)]) in (0, 1)
+
+
+def test_prove_without_crosshair_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "crosshair", None)  # find_spec now finds nothing
+    err = refused(["prove", "--scope", "quick"], capsys)
+    assert "CrossHair is not installed: pip install 'kvoracle[dev]', or run with --no-crosshair" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", "--seeds", "0"], ["check", "--seeds", "-1"], ["check", "--examples", "0"], ["check", "--examples", "-5"],
+    ["check", "--steps", "0"], ["check", "--workers", "0"], ["check", "--workers", "-3"],
+    ["check", "--record-events", "0"], ["check", "--seeds", "two"],
+    ["prove", "--examples", "0"], ["prove", "--workers", "0"], ["prove", "--partitions", "0"],
+])
+def test_a_count_below_one_is_refused_by_the_parser(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[1]}: " in err and "Traceback" not in err
+
+
+def test_unwritable_outputs_are_refused_before_the_campaign(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    under_a_file = str(a_file / "sub")
+    assert "--repro-dir" in refused(["check", "--repro-dir", under_a_file], capsys)
+    assert "--json" in refused(["check", "--json", f"{under_a_file}/x.json"], capsys)
+    assert "is a directory" in refused(["check", "--json", str(tmp_path)], capsys)
+    assert "--json" in refused(["check", "--adapter", TOY, "--json", f"{under_a_file}/x.json"], capsys)
+    assert "--repro-dir" in refused(["check", "--adapter", TOY, "--repro-dir", under_a_file], capsys)
+    assert not (tmp_path / "sub").exists()
+    if Path("/proc/self").exists():
+        assert "--repro-dir /proc/nope" in refused(["check", "--repro-dir", "/proc/nope"], capsys)
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_mutants", interrupted)
+    assert main(["mutants"]) == 130
+    assert capsys.readouterr().err.strip() == "kvoracle: interrupted"
+
+
+def test_ctrl_c_in_a_campaign_keeps_the_finished_rows(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    def then_ctrl_c(*args: Any) -> Any:
+        for i, answer in enumerate(each_alone(*args)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield answer
+
+    monkeypatch.setattr(cli, "each_alone", then_ctrl_c)
+    assert main(["check", "--level", "cache", "--no-coverage", *TINY, "--steps", "10"]) == 130
+    out = capsys.readouterr().out
+    assert "reference" in out and "interrupted: 1 of " in out
+
+
+@pytest.mark.parametrize("source, says", [
+    ("import nonexistent_dep_kvoracle\n", "No module named 'nonexistent_dep_kvoracle'"),
+    ("raise RuntimeError('no GPU here')\n", "it raised RuntimeError: no GPU here"),
+    ("def broken(:\n", "it raised SyntaxError: "),
+])
+def test_an_adapter_that_cannot_be_imported_is_named(source: str, says: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / f"adapter_{abs(hash(source))}.py"
+    path.write_text(source)
+    err = refused(["check", "--adapter", f"{path}:Engine"], capsys)
+    assert err.startswith(f"kvoracle check: --adapter {path}:Engine: cannot import {path}: ") and says in err
+    assert path.stem not in sys.modules
+
+
+def test_an_adapter_module_that_is_missing_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["check", "--adapter", "nonexistent_pkg_kvoracle.bar:Baz"], capsys)
+    assert err == ("kvoracle check: --adapter nonexistent_pkg_kvoracle.bar:Baz: cannot import "
+                   "nonexistent_pkg_kvoracle.bar: No module named 'nonexistent_pkg_kvoracle'")
+
+
+def test_a_missing_engine_names_the_releases_its_adapter_drives(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    err = refused(["check", "--engine", "vllm"], capsys)
+    assert "pip install 'vllm>=0.15.1,<=" in err and "from a kvoracle checkout, `make engines`" in err
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    assert "pip install 'sglang>=0.5.5.post3,<=" in refused(["check", "--engine", "sglang"], capsys)
+
+
+def test_option_conflicts_are_refused_before_the_campaign(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(tmp_path / "x.jsonl")
+    err = refused(["check", "--mutant", "double-free", "--record-level", "scheduler", "--record", trace], capsys)
+    assert "double-free is a cache-level mutant; use --record-level cache" in err
+    assert not Path(trace).exists()
+    monkeypatch.setitem(sys.modules, "coverage", None)
+    err = refused(["check", "--coverage-report", str(tmp_path / "cov.txt")], capsys)
+    assert "--coverage-report needs coverage.py: pip install coverage" in err
+
+
+def test_without_coverage_the_warning_says_how_to_silence_it(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "coverage", None)
+    assert cli.coverage_tracker(argparse.Namespace(no_coverage=False)) is None
+    assert "--no-coverage" in capsys.readouterr().err
+
+
+def test_a_small_campaign_whose_mutant_survives_says_it_may_be_too_small(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--mutant", "heap-drop", "--seeds", "1", "--examples", "1", "--steps", "2",
+                 "--no-coverage"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "heap-drop SURVIVED" not in last  # the hint is on its own line, after the verdicts
+    assert last.startswith("(a campaign smaller than the default --seeds 5 --examples 150 --steps 100")
+
+
+def test_version(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("kvoracle ")
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert "not installed" in cli.version()
+
+
+@pytest.mark.parametrize("argv, code", [(["mutants"], 0), (["check-trace", "docs/examples/heap_drop.jsonl"], 1)])
+def test_a_reader_that_goes_away_leaves_the_status_as_it_was(argv: list[str], code: int) -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}  # each line written at once
+    run = subprocess.Popen([sys.executable, "-m", "kvoracle.oracle.cli", *argv], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env)
+    assert run.stdout is not None and run.stderr is not None
+    run.stdout.readline()
+    run.stdout.close()  # `| head -1`
+    assert run.wait(timeout=60) == code
+    assert run.stderr.read() == b""
