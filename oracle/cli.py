@@ -586,7 +586,9 @@ def cmd_hunt(args: argparse.Namespace) -> int:
     from kvoracle.oracle.hunt import CATALOGUE, BuildError, CatalogueError, hunt, load
 
     if not CATALOGUE.exists():
-        print(f"kvoracle hunt: runs from a kvoracle checkout (it needs {CATALOGUE})", file=sys.stderr)
+        print("kvoracle hunt: runs from a checkout of kvoracle's repository, which holds the catalogue "
+              "(engines/hunt.toml) and the engines' pins; an installed kvoracle has neither: run it (or `make hunt`) "
+              "in a clone", file=sys.stderr)
         return 2
     try:
         if args.list:
@@ -794,12 +796,15 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--examples", type=positive, default=100, help="Hypothesis programs per machine (default 100)")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
     pr.set_defaults(func=cmd_prove)
-    h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed",
+    h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed "
+                                    "(from a checkout of the repository)",
                        description="For each real, publicly fixed bug of engines/hunt.toml: runs the campaign "
                                    "against the release that has it (it must be caught with the expected property) "
                                    "and against the first release with the fix (it must pass), each in an "
                                    "environment of its own under .venv-hunt/ (built on first use; minutes and "
-                                   "about 0.5 GB each). Exit status 0 only when every row is as expected.")
+                                   "about 0.5 GB each). Exit status 0 only when every row is as expected. It "
+                                   "runs from a checkout of kvoracle's repository (the catalogue and the pins are "
+                                   "not installed with kvoracle).")
     h.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these bugs")
     h.add_argument("--list", action="store_true", help="list the catalogue and exit")
     h.set_defaults(func=cmd_hunt)

@@ -221,3 +221,13 @@ def test_a_reader_that_goes_away_leaves_the_status_as_it_was(argv: list[str], co
     run.stdout.close()  # `| head -1`
     assert run.wait(timeout=60) == code
     assert run.stderr.read() == b""
+
+
+def test_hunt_outside_a_checkout_says_where_it_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from kvoracle.oracle import hunt
+
+    monkeypatch.setattr(hunt, "CATALOGUE", tmp_path / "engines" / "hunt.toml")  # as in an installed wheel
+    assert main(["hunt", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "checkout of kvoracle's repository" in err and "Traceback" not in err
