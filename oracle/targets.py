@@ -29,12 +29,13 @@ class Target:
         if self.adapter is not None:
             attrs["make_adapter"] = self.adapter
         elif self.level == "cache":
-            parts: dict[str, object] = {} if m is None else {"cache_class": m.cache_class}
+            parts: dict[str, object] = {} if m is None else {"cache_class": m.cache_class, "name": self.name}
             if m is not None and m.cpu_blocks is not None:
                 parts["cpu_blocks"] = m.cpu_blocks
             attrs["make_adapter"] = type(f"{cache_base.__name__}_{tag}", (cache_base,), parts)
         else:
-            parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class}
+            parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class,
+                                          "name": self.name}  # a reproduction's header names the mutant
             attrs["make_adapter"] = type(f"{scheduler_base.__name__}_{tag}", (scheduler_base,), parts)
             attrs["bookkeeping"] = m is None or m.bookkeeping
         base = CacheMachine if self.level == "cache" else scheduler_level_machine(self.adapter or scheduler_base)
