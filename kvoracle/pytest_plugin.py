@@ -28,8 +28,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    from kvoracle.oracle.engines import load_adapter
+
     specs: list[str] = config.getoption("kvoracle_adapter")
     for spec in specs:
+        try:  # an adapter that cannot be had is a usage error, not a failed test
+            load_adapter(spec)
+        except (ValueError, ImportError) as e:
+            raise pytest.UsageError(f"--kvoracle-adapter {spec}: {str(e).removeprefix('--adapter: ')}") from None
         items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec}]", spec=spec))
 
 

@@ -231,3 +231,11 @@ def test_hunt_outside_a_checkout_says_where_it_runs(monkeypatch: pytest.MonkeyPa
     assert main(["hunt", "--list"]) == 2
     err = capsys.readouterr().err
     assert "checkout of kvoracle's repository" in err and "Traceback" not in err
+
+
+def test_the_pytest_plugin_refuses_an_adapter_it_cannot_load_as_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "test_own.py").write_text("def test_the_engines_own_test():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kvoracle-adapter",
+                           "nofile.py:Mine", "test_own.py"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "--kvoracle-adapter nofile.py:Mine: no file nofile.py" in done.stderr
