@@ -9,7 +9,7 @@ from kvoracle.kvcache.errors import KVCacheError
 from kvoracle.kvcache.pool.protocol import BACKENDS
 
 _INSTALL: Final[dict[str, str]] = {
-    "numpy": "pip install kvoracle",
+    "numpy": "pip install numpy (kvoracle's runtime needs it)",
     "paddle": "pip install 'kvoracle[paddle]' (paddlepaddle; paddlepaddle-gpu for a GPU)",
     "torch": "pip install 'kvoracle[torch]' (torch)",
     "cupy": "pip install 'kvoracle[cupy]' (cupy-cuda12x)",

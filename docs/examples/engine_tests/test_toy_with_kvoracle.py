@@ -1,6 +1,6 @@
 """An engine's own test file that runs kvoracle's request-level machine on its adapter.
 
-Copy it next to your tests; with kvoracle installed (pip install kvoracle), `pytest`
+Copy it next to your tests; with kvoracle installed (its wheel: README, "Installing it"), `pytest`
 collects TestToyEngine like any other TestCase. docs/engines.md, "In your test suite".
 """
 
