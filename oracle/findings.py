@@ -137,8 +137,8 @@ def _build_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[st
 
 def _header(engine: str, steps: Sequence[str], violation: PropertyViolated, *how_to_run: str) -> list[str]:
     """A reproduction's first lines: the engine and ID, the program, what it found, how to run it."""
-    return [_HEADER.format(engine=engine, id=violation.first_id),
-            f"# found by: {' ; '.join(s.removeprefix('state.') for s in steps)}",
+    program = " ; ".join(s.removeprefix("state.") for s in steps) or "(no step: the program is empty)"
+    return [_HEADER.format(engine=engine, id=violation.first_id), f"# found by: {program}",
             *(f"# {line}" for line in str(violation).splitlines()), *how_to_run]
 
 
