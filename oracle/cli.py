@@ -136,8 +136,20 @@ def show(rows: Sequence[Row]) -> str:
         if r.result is None or r.result.violation is None:
             continue
         out.append(f"\n{r.target.name}: {r.result.violation}")
-        out += [f"  {i}. {step}" for i, step in enumerate(shown(r.result), 1)]
+        out += numbered(r.result)
     return "\n".join(out)
+
+
+def numbered(result: RunResult) -> list[str]:
+    """The program as numbered lines. Where the check fired after a call its last step
+    made (grow's eviction: evict_gpu), that line says so: the header names the call."""
+    steps = shown(result)
+    lines = [f"  {i}. {step}" for i, step in enumerate(steps, 1)]
+    call = result.violation.step if result.violation is not None else ""
+    # "drain:..": after the program; a step that names its call (grow, bad_input's DOUBLE_FREE) needs nothing
+    if lines and call and ":" not in call and call.lower() not in steps[-1].lower():
+        lines[-1] += f"   (the check fired after its call {call})"
+    return lines
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -474,7 +486,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         if r.result.violation is None:
             continue
         print(f"\n{r.target}: {r.result.violation}")
-        print("\n".join(f"  {i}. {step}" for i, step in enumerate(shown(r.result), 1)))
+        print("\n".join(numbered(r.result)))
         if r.reproduction is not None:
             print(standalone(r.reproduction, r.reproduces, r.result.first_id))
     if args.json:

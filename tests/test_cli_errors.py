@@ -239,3 +239,19 @@ def test_the_pytest_plugin_refuses_an_adapter_it_cannot_load_as_a_usage_error(tm
                            "nofile.py:Mine", "test_own.py"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-2000:] + done.stderr[-2000:]
     assert "--kvoracle-adapter nofile.py:Mine: no file nofile.py" in done.stderr
+
+
+def test_a_program_says_which_of_its_steps_made_the_call_after_which_the_check_fired() -> None:
+    from kvoracle.oracle.campaign import RunResult
+    from kvoracle.oracle.violations import PropertyViolated
+    from kvoracle.spec.invariants import Violation
+
+    def result(call: str) -> RunResult:
+        fired = PropertyViolated(call, [Violation("INV-HEAP-SOUND", "node 1 is flagged but has no entry")])
+        return RunResult(False, fired, ("state.commit(i=0)", "state.grow(i=0, token=1)"), 0.1)
+
+    assert cli.numbered(result("evict_gpu")) == [
+        "  1. commit(i=0)", "  2. grow(i=0, token=1)   (the check fired after its call evict_gpu)"]
+    assert cli.numbered(result("grow"))[-1] == "  2. grow(i=0, token=1)"  # the step's own call: nothing to add
+    assert cli.numbered(result("drain:evict"))[-1] == "  2. grow(i=0, token=1)"  # after the program, as its header says
+    assert cli.numbered(result("token"))[-1] == "  2. grow(i=0, token=1)"  # named in the step (bad_input's kind)
