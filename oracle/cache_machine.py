@@ -26,7 +26,7 @@ from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.tiered import Blocks, Call, TieredAdapter, action_of
-from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
+from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refused
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
@@ -107,7 +107,9 @@ class CacheMachine(RuleBasedStateMachine):
             result = call.run(self.engine)
         except PropertyViolated:
             raise
-        except ESCAPES as e:
+        except STOPS:
+            raise
+        except BaseException as e:
             raise PropertyViolated(name, self._exit(before, exiting) + [self._escaped(name, e)]) from e
         self._count(name)
         found = self._exit(before, exiting)
@@ -129,7 +131,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _escaped(name: str, e: BaseException) -> Violation:
         if name.endswith("evict_gpu"):
             return liveness.live_evict(None, 0, 0, None, raised=e)[0]
-        return Violation("VALID-INPUT", f"the engine raised {e!r} on a valid {name}")
+        return Violation("VALID-INPUT", f"the engine raised {described(e)} on a valid {name}")
 
     def _refine(self, name: str, event: CacheEvent, got: CacheState | None) -> None:
         """`got`: the engine's abstraction after the call, when the audit already took it."""

@@ -19,7 +19,7 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
-from kvoracle.oracle.violations import ESCAPES, Baseline, PropertyViolated
+from kvoracle.oracle.violations import STOPS, Baseline, PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
@@ -84,7 +84,9 @@ def run_machine(
             found = e
         except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
             found = unexpected(e)
-        except ESCAPES as e:  # the system under test (or its adapter) raised where no check expected it
+        except STOPS:
+            raise
+        except BaseException as e:  # the system under test (or its adapter) raised where no check expected it
             found = unexpected(e)
         finally:
             PropertyViolated.hooks.remove(note_first_catch)
@@ -145,7 +147,7 @@ def run_seeds(
 def unexpected(e: BaseException) -> PropertyViolated:
     """An exception no check turned into a verdict (from the engine, its adapter, or a
     teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to."""
-    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {e!r}")])
+    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {described(e)}")])
     found.__notes__ = list(getattr(e, "__notes__", []))
     return found
 
@@ -175,7 +177,9 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
         return e
     except (NameError, SyntaxError, UnsatisfiedAssumption):  # not a program this machine can replay,
         return None  # or one that shows only a known violation
-    except ESCAPES as e:  # an unexpected exception replays as the finding it was reported as
+    except STOPS:
+        raise
+    except BaseException as e:  # an unexpected exception replays as the finding it was reported as
         return unexpected(e)
     finally:
         watchdog.pause()  # a failed program skips its teardown

@@ -21,7 +21,7 @@ from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
-from kvoracle.oracle.violations import ESCAPES, PropertyViolated
+from kvoracle.oracle.violations import STOPS, PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
@@ -84,8 +84,10 @@ class EngineMachine(RuleBasedStateMachine):
             return False
         except PropertyViolated:
             raise
-        except ESCAPES as e:
-            why = f"the engine (or its adapter) raised {e!r} on a valid call"
+        except STOPS:
+            raise
+        except BaseException as e:
+            why = f"the engine (or its adapter) raised {described(e)} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)
         self._check(name)
@@ -190,7 +192,7 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             called = self.adapter.bad_input(kind, rid)
         except SystemExit as e:  # not a refusal: a bad request must not end the server
-            why = f"the engine exited the process on the bad call {kind.value}: {e!r}"
+            why = f"the engine exited the process on the bad call {kind.value}: {described(e)}"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         except Exception:
             type(self).tally.bad_inputs += 1

@@ -20,6 +20,7 @@ import textwrap
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.cache_machine import next_record as cache_record
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import isolation, watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, scheduler_view, view_of
 from kvoracle.oracle.isolation import Ended
@@ -35,7 +36,7 @@ from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usa
 from kvoracle.oracle.scheduler_machine import next_record as scheduler_record
 from kvoracle.oracle.survival import ended_script
 from kvoracle.oracle.tiered import Blocks, Call, action_of
-from kvoracle.oracle.violations import PropertyViolated, refusal
+from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refusal
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
@@ -168,11 +169,14 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     name = f"{engine}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"
     path = repro_dir / re.sub(r"[^\w.]", "_", name)
     repro_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        text = (reproduction(machine, result.counterexample, result.violation) if result.ended is None else
-                ended_reproduction(machine, result.counterexample, result.violation, engine, result.ended))
-    except Exception as e:  # the finding stands and the campaign goes on: the file says why it is empty
-        why = f"the reproduction could not be written: {e!r}"
+    try:  # the replay runs the engine again: in a process of its own, whatever the engine does to it
+        text = isolation.in_child(partial(_text, machine, result, engine))
+        if isinstance(text, Ended):
+            raise RuntimeError(f"the replay that writes it {text}")
+    except STOPS:
+        raise
+    except BaseException as e:  # the finding stands and the campaign goes on: the file says why it is empty
+        why = f"the reproduction could not be written: {described(e)}"
         lines = [*_header(engine, result.counterexample, result.violation), f"# {why}", *(
             f"# {line}" for line in traceback.format_exc().splitlines()), f"raise SystemExit({why!r})", ""]
         path.write_text("\n".join(lines), encoding="utf-8")
@@ -181,6 +185,13 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     silent = result.ended is not None and result.ended.silent > 0
     hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # it fails late (watch) or hangs: wait less
     return path, run_reproduction(path, watchdog.LIMIT[0] + HUNG_SLACK + 60 if hung else 300)
+
+
+def _text(machine: type[RuleBasedStateMachine], result: RunResult, engine: str) -> str:
+    assert result.violation is not None
+    if result.ended is None:
+        return reproduction(machine, result.counterexample, result.violation)
+    return ended_reproduction(machine, result.counterexample, result.violation, engine, result.ended)
 
 
 def with_hash_seed(text: str, seed: str) -> str:
@@ -397,7 +408,8 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
     if pid in invariants.SAFETY or pid == "INV-CONTENT":
         return [v for v in _safety(ev.adapter(), ev.view()) if v.id == pid]
     if pid == "VALID-INPUT":
-        return [] if ev.raised is None else [Violation(pid, f"the engine raised {ev.raised!r} on a valid call")]
+        escaped = ev.raised
+        return [] if escaped is None else [Violation(pid, f"the engine raised {described(escaped)} on a valid call")]
     if pid == "LIVE-DRAIN":
         return _drained(ev.adapter(), ev.live)
     if pid == "LIVE-TRANSFER" and "started" in ev.record:

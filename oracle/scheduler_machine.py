@@ -28,7 +28,7 @@ from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, scheduler_view
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.serving import SchedulerAdapter
-from kvoracle.oracle.violations import ESCAPES, PropertyViolated, refused
+from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import Event
@@ -158,7 +158,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         escaped: BaseException | None = None
         try:
             call()
-        except ESCAPES as e:  # storage or swap errors must never escape the scheduler
+        except STOPS:
+            raise
+        except BaseException as e:  # storage or swap errors must never escape the scheduler
             escaped = e
         self.clock += ticks
         self._count(name)
@@ -189,7 +191,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.audit.due():
             found += walk(None if got is None else of_system(got), e.invariants(), after)
         if escaped is not None:  # storage or swap errors must never escape the scheduler
-            found.append(Violation("VALID-INPUT", f"{name} raised {escaped!r} on a valid call"))
+            found.append(Violation("VALID-INPUT", f"{name} raised {described(escaped)} on a valid call"))
         return found + self._record(name, ticks, got)
 
     def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:

@@ -67,9 +67,22 @@ def _rebuilt(step: str, violations: list[Violation], notes: list[str]) -> Proper
     return e
 
 
-# What a call into the engine may raise that is a finding, not the end of the campaign:
-# an engine that exits the process (SystemExit) too. Ctrl-C still stops the campaign.
-ESCAPES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+# What a call into the engine may raise that stops the campaign: Ctrl-C, and a generator's
+# close. Anything else it raises is a finding (`except STOPS: raise`, then `except
+# BaseException`): an engine that exits the process (SystemExit), or raises a
+# BaseException of its own, too.
+STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
+SHOWN = 1000  # characters of a raised exception a finding quotes
+
+
+def described(e: BaseException) -> str:
+    """repr(e) as a finding quotes it: cut to SHOWN characters (an engine may raise a
+    message of megabytes), and whatever its __repr__ does (it may raise)."""
+    try:
+        text = repr(e)
+    except Exception as broken:  # noqa: BLE001 - the engine's exception, not ours
+        text = f"<{type(e).__name__}, whose repr raised {type(broken).__name__}>"
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text):,} characters)"
 
 
 def refused(name: str, error: type[Exception], call: Callable[[], bool], snapshot: Callable[[], object],
@@ -81,7 +94,9 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
     raised: BaseException | None = None
     try:
         called = call()
-    except ESCAPES as e:
+    except STOPS:
+        raise
+    except BaseException as e:
         called, raised = True, e
     if not called:
         return

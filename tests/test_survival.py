@@ -279,3 +279,44 @@ def test_the_pytest_plugin_isolated_reports_an_ending_as_a_failed_test_and_the_s
     assert "the program that ended it:" in alone.stdout
     shared = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert shared.returncode == 9 and "passed" not in shared.stdout  # without it, the session ends with the engine
+
+
+# --- what an engine does to the process that writes its reproduction ---------------------------
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+_TOY: object = __import__("toy_engine").ToyAdapter  # docs/examples/toy_engine.py
+_WRITER = os.getpid()  # the process that runs the campaigns' parent side (and writes reproductions)
+
+
+class OwnBaseException(BaseException):
+    """Not an Exception: what an engine's own error class may derive from."""
+
+
+class RaisesItsOwnBaseException(_TOY):  # type: ignore[misc,valid-type]
+    name = "own_base_exception"
+
+    def finish(self, rid: str) -> object:
+        raise OwnBaseException("the engine's own")
+
+
+class EndsTheWritersProcess(_TOY):  # type: ignore[misc,valid-type]
+    """Ends the process that replays its program to write the reproduction (a fatal error
+    that struck the replay, not the campaign)."""
+
+    name = "ends_the_writer"
+
+    def finish(self, rid: str) -> object:
+        if os.getpid() == _WRITER:
+            os._exit(7)
+        return super().finish(rid)
+
+
+def test_a_base_exception_of_the_engines_own_is_a_finding_not_the_end(tmp_path: Path) -> None:
+    row = run_engine(RaisesItsOwnBaseException, False, [0], 20, 20, tmp_path)
+    assert row.result.first_id == "VALID-INPUT" and "OwnBaseException" in str(row.result.violation)
+
+
+def test_the_replay_that_writes_a_reproduction_cannot_end_the_campaigns_process(tmp_path: Path) -> None:
+    row = run_engine(EndsTheWritersProcess, False, [0], 20, 20, tmp_path)  # the campaign itself runs in a child
+    assert row.result.first_id == "INV-NO-UAF"  # the toy's own bug: found in the campaign's process
+    assert row.reproduction is not None and row.reproduction.exists()  # and this process is still here
