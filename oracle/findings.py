@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import traceback
 from collections.abc import Mapping, Sequence
@@ -543,18 +544,37 @@ def _drain_cache(adapter: Any, live: Mapping[str, int]) -> None:
 
 def run_reproduction(path: Path, timeout: float = 300) -> str:
     """Run the file with this Python; the first line of what it failed with, or ''."""
-    try:
-        done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    code, stderr = _run_alone(path, timeout)
+    if code is None:
         return f"{watchdog.EngineHung.__name__}: no answer within {timeout:g} s"
-    if done.returncode == 0:
+    if code == 0:
         return ""
-    if done.returncode < 0 or "Traceback (most recent call last)" not in done.stderr:
-        return f"{ENDED}: {Ended(done.returncode)}"  # no exception: the process was ended
+    if code < 0 or "Traceback (most recent call last)" not in stderr:
+        return f"{ENDED}: {Ended(code)}"  # no exception: the process was ended
     # a distributed engine's logger may prefix every line of stderr ("[rank0]: ", SGLang's)
-    lines = [_RANK.sub("", line) for line in done.stderr.strip().splitlines() if line.strip()]
+    lines = [_RANK.sub("", line) for line in stderr.strip().splitlines() if line.strip()]
     first = next((i for i, line in enumerate(lines) if line.startswith("AssertionError")), None)
-    return lines[first] if first is not None else (lines[-1] if lines else f"exit status {done.returncode}")
+    return lines[first] if first is not None else (lines[-1] if lines else f"exit status {code}")
+
+
+def _run_alone(path: Path, timeout: float) -> tuple[int | None, str]:
+    """The file's exit status (None: still running after `timeout` s) and its stderr. It
+    runs in a session of its own, written to a file, not a pipe: a process the engine
+    forked and left running could hold a pipe open for ever; it is killed with the run."""
+    with tempfile.TemporaryFile() as err:
+        run = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.DEVNULL, stderr=err,
+                               start_new_session=True)
+        try:
+            code: int | None = run.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        try:
+            os.killpg(run.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        run.wait()
+        err.seek(0)
+        return code, err.read().decode(errors="replace")
 
 
 def confirms(failure: str, first_id: str) -> bool:

@@ -4,6 +4,11 @@ caller gets `Ended` in place of its result and goes on with the next piece.
 
 An exception the work raises is not an ending: it is raised again in the caller, with
 the child's traceback as a note (as `ChildFailed` when it does not pickle).
+
+Each child leads a process group of its own: processes the work forks (an engine's
+helpers) are killed with it when its piece is done, and they cannot keep the caller
+waiting by holding the answer's pipe open: the answer is framed by its length, and the
+caller also notices a child that exited.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class _Child:
     scratch: str  # the child's temporary directory, removed by the parent however the child ended
     beat: Path | None = None  # the file whose modification time is the child's sign of life
     silenced: float = 0.0  # the silence after which the parent killed it
+    status: int | None = None  # its wait status, once it has exited and been reaped
 
 
 def _start(work: Callable[[], object]) -> _Child:
@@ -71,12 +77,14 @@ def _start(work: Callable[[], object]) -> _Child:
     scratch = tempfile.mkdtemp(prefix="kvoracle-child-")
     pid = os.fork()
     if pid == 0:  # the child: run, answer, and leave at once (no atexit handlers, no parent's buffers)
+        os.setpgid(0, 0)
         os.close(read)
         tempfile.tempdir = scratch  # what it leaves there (its finalizers never run) goes with it
         code = 0
         try:
             with os.fdopen(write, "wb") as out:
-                out.write(_answer(work))
+                answer = _answer(work)
+                out.write(len(answer).to_bytes(8, "big") + answer)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
         except BaseException:
@@ -84,7 +92,48 @@ def _start(work: Callable[[], object]) -> _Child:
         finally:
             os._exit(code)
     os.close(write)
+    try:
+        os.setpgid(pid, pid)  # as the child does: whichever runs first
+    except (PermissionError, ProcessLookupError):  # it has already exec'd or exited: its own call counted
+        pass
     return _Child(pid, read, bytearray(), time.perf_counter(), scratch)
+
+
+def _answered(child: _Child) -> bool:
+    """The child's whole answer has arrived (its length, then that many bytes)."""
+    data = child.data
+    return len(data) >= 8 and len(data) >= 8 + int.from_bytes(data[:8], "big")
+
+
+def _exited(child: _Child) -> bool:
+    """The child has exited (reaped now): what it wrote is read, whoever else holds its pipe."""
+    if child.status is None:
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        child.status = status
+    os.set_blocking(child.fd, False)
+    try:
+        while chunk := os.read(child.fd, 1 << 16):
+            child.data += chunk
+    except BlockingIOError:
+        pass
+    return True
+
+
+def _kill(child: _Child) -> None:
+    """The child and every process of its group (what its work forked)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read(child: _Child) -> bytes:
+    """What the child's pipe holds now (b'': closed)."""
+    chunk = os.read(child.fd, 1 << 16)
+    child.data += chunk
+    return chunk
 
 
 def _answer(work: Callable[[], object]) -> bytes:
@@ -100,13 +149,16 @@ def _answer(work: Callable[[], object]) -> bytes:
 
 
 def _finish(child: _Child) -> object:
-    """The child's answer, once its pipe is closed: its result, or Ended."""
+    """The child's answer, once it has all arrived or the child has exited: its result, or Ended."""
     os.close(child.fd)
-    _, status = os.waitpid(child.pid, 0)
+    answered = _answered(child)
+    if child.status is None:
+        child.status = os.waitpid(child.pid, 0)[1]
+    _kill(child)  # what its work forked, still running
     shutil.rmtree(child.scratch, ignore_errors=True)
-    if not child.data:
-        return Ended(os.waitstatus_to_exitcode(status), time.perf_counter() - child.started, child.silenced)
-    ok, value = pickle.loads(bytes(child.data))
+    if not answered:
+        return Ended(os.waitstatus_to_exitcode(child.status), time.perf_counter() - child.started, child.silenced)
+    ok, value = pickle.loads(bytes(child.data[8:]))
     if ok:
         return value
     error, trace = value
@@ -140,14 +192,18 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int,
                 child.beat = beats[nxt[0]] if nxt[0] < len(beats) else None
                 running[child.fd] = (nxt[0], child)
                 selector.register(child.fd, selectors.EVENT_READ)
-            for key, _ in selector.select(timeout=min(quiet / 4, 5.0) if quiet else None):
+            for key, _ in selector.select(timeout=min(quiet / 4, 5.0) if quiet else 1.0):
                 i, child = running[key.fd]
-                if chunk := os.read(child.fd, 1 << 16):
-                    child.data += chunk
+                if (chunk := _read(child)) and not _answered(child):
                     continue
                 selector.unregister(child.fd)
                 del running[child.fd]
                 results[i] = _finish(child)
+            for fd, (i, child) in list(running.items()):  # its pipe may stay open in what it forked
+                if _exited(child):
+                    selector.unregister(fd)
+                    del running[fd]
+                    results[i] = _finish(child)
             if quiet:
                 _silence(running.values(), quiet)
             while given in results:
@@ -156,9 +212,10 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int,
     finally:
         selector.close()
         for _, child in running.values():  # stopped early (an error, Ctrl-C): no child outlives the caller
-            os.kill(child.pid, signal.SIGKILL)
+            _kill(child)
             os.close(child.fd)
-            os.waitpid(child.pid, 0)
+            if child.status is None:
+                os.waitpid(child.pid, 0)
             shutil.rmtree(child.scratch, ignore_errors=True)
 
 

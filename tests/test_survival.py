@@ -320,3 +320,36 @@ def test_the_replay_that_writes_a_reproduction_cannot_end_the_campaigns_process(
     row = run_engine(EndsTheWritersProcess, False, [0], 20, 20, tmp_path)  # the campaign itself runs in a child
     assert row.result.first_id == "INV-NO-UAF"  # the toy's own bug: found in the campaign's process
     assert row.reproduction is not None and row.reproduction.exists()  # and this process is still here
+
+
+class ForksAHelper(_TOY):  # type: ignore[misc,valid-type]
+    """Each finish forks a process that outlives the call (an engine's helper), in its
+    script: the campaign, the replay and the reproduction all start some."""
+
+    name = "forks_a_helper"
+    pids = ""  # the file the helpers write their pids to
+
+    def finish(self, rid: str) -> object:
+        self.run(f"import os, time\nif os.fork() == 0:\n    open({self.pids!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+                 "    time.sleep(600)\n    os._exit(0)")
+        return super().finish(rid)
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_processes_an_engine_forks_neither_hold_the_campaign_nor_outlive_it(tmp_path: Path) -> None:
+    """They inherit the answer's pipe (and the reproduction's stderr): once the process
+    they came from is done, nothing waits for them, and they are killed with it."""
+    pids = tmp_path / "helpers"
+    helper = type("ForksAHelperHere", (ForksAHelper,), {"pids": str(pids)})
+    start = time.perf_counter()
+    row = run_engine(helper, False, [0], 20, 20, tmp_path)
+    assert time.perf_counter() - start < 120  # it waited for the helpers' 600 s before
+    assert row.result.first_id == "INV-NO-UAF" and row.reproduction is not None
+    started = [int(p) for p in pids.read_text().split()]
+    assert started and not [p for p in started if running(p)]
