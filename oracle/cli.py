@@ -23,7 +23,7 @@ from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, run_s
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
 from kvoracle.oracle.findings import standalone, write_reproduction
-from kvoracle.oracle.engines import ENGINES, dotted
+from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
@@ -530,8 +530,8 @@ def chosen_adapter(args: argparse.Namespace) -> tuple[type, str]:
 
     try:
         adapter = import_adapter(args.adapter) if args.adapter else adapter_class(args.engine)
-    except EngineUnavailable:
-        raise ValueError(engine_missing(args.engine)) from None
+    except EngineUnavailable as e:
+        raise ValueError(f"--engine {args.engine}: {e}") from None
     level = protocol_of(adapter)
     if args.bad_input and level != "engine":
         raise ValueError(f"--bad-input: only for EngineAdapter adapters; {adapter.__name__} is a {level} adapter")
@@ -552,22 +552,6 @@ def import_adapter(spec: str) -> type:
             why = str(e) if isinstance(e, ImportError) else f"it raised {type(e).__name__}: {e}"
             raise ValueError(f"--adapter {spec}: cannot import {where}: {why}") from None
     return load_adapter(spec)
-
-
-def engine_missing(name: str) -> str:
-    """How to get an engine that is not importable here: a release its adapter drives,
-    installed into this environment (the adapter's module does not import the engine)."""
-    e = ENGINES[name]
-    module = importlib.import_module(e.module)
-    cls = getattr(module, e.adapter)
-    missing = f"--engine {name}: {e.requires} is not importable in this Python"
-    releases: tuple[tuple[int, ...], tuple[int, ...]] | None = getattr(cls, "releases", None)
-    if releases is None:
-        return f"{missing}: install it here (docs/engines.md)"
-    low, high = map(getattr(module, f"{e.requires}_release", dotted), releases)  # as the engine spells a release
-    return (f"{missing}: install a release {cls.__name__} drives into this environment "
-            f"(pip install '{e.requires}>={low},<={high}'); from a kvoracle checkout, `make engines` builds {e.venv} "
-            f"with one")
 
 
 def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings) -> int:

@@ -13,7 +13,6 @@ import ast
 import importlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -75,7 +74,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     source, live = adapter_source(type(adapter)), expected_live(state)
     record = ", ".join(f"{k}={v!r}" for k, v in checker_record(state, adapter, violation).items())
     body = ["# the engine calls of the shrunk program", *calls[:cut]]
-    hung = watchdog.EngineHung.__name__ in str(violation)  # fail, not hang, while the engine has the bug
+    hung = watchdog.hung(violation)  # fail, not hang, while the engine has the bug
     if hung:
         body[:0] = [f"watch({watchdog.LIMIT[0] + HUNG_SLACK:g})  # a call hung the engine: fail with EngineHung, "
                     "not hang, once the calls below have run that long"]
@@ -104,7 +103,8 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
              f"fails_with({call}{', ' + record if record else ''})"]
     extras = getattr(adapter, "assertions", "").rstrip()
     outcomes = "from kvoracle.spec.types import Error, Ok, Partial, Timeout"  # a Call's arguments may name them
-    imports = ["from kvoracle.oracle.findings import Last, attached, fails_with, view_now, watch"]
+    imports = ["from kvoracle.oracle.findings import Last, attached, fails_with, view_now",
+               *(["from kvoracle.oracle.watchdog import watch"] if hung else [])]
     if made is not None:
         imports += ["from kvoracle.oracle.tiered import Blocks, Call", *([outcomes] if outcomes not in preamble else [])]
     return "\n".join([*header, "", preamble, "", *imports, "",
@@ -184,7 +184,7 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
         return path, why
     path.write_text(with_hash_seed(text, os.environ.get("PYTHONHASHSEED", "")), encoding="utf-8")
     silent = result.ended is not None and result.ended.silent > 0
-    hung = silent or watchdog.EngineHung.__name__ in str(result.violation)  # it fails late (watch) or hangs: wait less
+    hung = silent or watchdog.hung(result.violation)  # it fails late (watch) or hangs: wait less
     return path, run_reproduction(path, watchdog.LIMIT[0] + HUNG_SLACK + 60 if hung else 300)
 
 
@@ -359,17 +359,6 @@ class Last:
             self.error = error
             return True
         return False
-
-
-def watch(seconds: float) -> None:
-    """A reproduction of a hang: once the engine calls that follow have run `seconds` in
-    all, EngineHung is raised inside the one running, so a standalone run fails as the
-    campaign did (in the main thread of a POSIX process); watch(0) disarms it."""
-    def fire(signum: int, frame: object) -> None:
-        raise watchdog.EngineHung(seconds)
-
-    signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)  # 0: disarmed
 
 
 def fails_with(pid: str, source: str, namespace: dict[str, object], live: Mapping[str, int] | None = None,
@@ -568,10 +557,7 @@ def _run_alone(path: Path, timeout: float) -> tuple[int | None, str]:
             code: int | None = run.wait(timeout)
         except subprocess.TimeoutExpired:
             code = None
-        try:
-            os.killpg(run.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        isolation.kill_group(run.pid)
         run.wait()
         err.seek(0)
         return code, err.read().decode(errors="replace")

@@ -121,10 +121,11 @@ def _exited(child: _Child) -> bool:
     return True
 
 
-def _kill(child: _Child) -> None:
-    """The child and every process of its group (what its work forked)."""
+def kill_group(leader: int) -> None:
+    """Kill every process of the group `leader` leads (a child and what its work forked;
+    none is left: nothing to do)."""
     try:
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(leader, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -154,7 +155,7 @@ def _finish(child: _Child) -> object:
     answered = _answered(child)
     if child.status is None:
         child.status = os.waitpid(child.pid, 0)[1]
-    _kill(child)  # what its work forked, still running
+    kill_group(child.pid)  # what its work forked, still running
     shutil.rmtree(child.scratch, ignore_errors=True)
     if not answered:
         return Ended(os.waitstatus_to_exitcode(child.status), time.perf_counter() - child.started, child.silenced)
@@ -212,7 +213,7 @@ def in_children(work: Callable[[T], R], pieces: Sequence[T], workers: int,
     finally:
         selector.close()
         for _, child in running.values():  # stopped early (an error, Ctrl-C): no child outlives the caller
-            _kill(child)
+            kill_group(child.pid)
             os.close(child.fd)
             if child.status is None:
                 os.waitpid(child.pid, 0)

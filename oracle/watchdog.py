@@ -104,3 +104,19 @@ def watching() -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _active.pop()
         signal.signal(signal.SIGALRM, previous)
+
+
+def watch(seconds: float) -> None:
+    """A reproduction of a hang: once the engine calls that follow have run `seconds` in
+    all, EngineHung is raised inside the one running, so a standalone run fails as the
+    campaign did (in the main thread of a POSIX process); watch(0) disarms it."""
+    def fire(signum: int, frame: FrameType | None) -> None:
+        raise EngineHung(seconds)
+
+    signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)  # 0: disarmed
+
+
+def hung(finding: object) -> bool:
+    """The finding is a call that hung (EngineHung, in its text)."""
+    return EngineHung.__name__ in str(finding)

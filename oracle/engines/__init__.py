@@ -83,10 +83,23 @@ def adapter_class(name: str) -> type[EngineAdapter]:
         raise KeyError(f"no engine named {name!r}; known: {', '.join(ENGINES)}")
     e = ENGINES[name]
     if importlib.util.find_spec(e.requires) is None:
-        where = f"run `make engines`, then use {e.venv}/bin/kvoracle" if e.venv else "see docs/engines.md"
-        raise EngineUnavailable(f"{name} ({e.requires} {e.version}) is not importable in this Python; {where}")
+        raise EngineUnavailable(f"{name} ({e.requires} {e.version}) is not importable in this Python; "
+                                f"{how_to_get(e)}")
     cls: type[EngineAdapter] = getattr(importlib.import_module(e.module), e.adapter)
     return cls
+
+
+def how_to_get(e: Engine) -> str:
+    """A release the engine's adapter drives, installed into this environment (the
+    adapter's module does not import the engine), written as the engine spells it."""
+    module = importlib.import_module(e.module)
+    cls = getattr(module, e.adapter)
+    releases: tuple[tuple[int, ...], tuple[int, ...]] | None = getattr(cls, "releases", None)
+    if releases is None:
+        return "install it here (docs/engines.md)"
+    low, high = map(getattr(module, f"{e.requires}_release", dotted), releases)
+    return (f"install a release {cls.__name__} drives into this environment (pip install "
+            f"'{e.requires}>={low},<={high}'); from a kvoracle checkout, `make engines` builds {e.venv} with one")
 
 
 def load_adapter(spec: str) -> type:
