@@ -1,4 +1,4 @@
-"""vLLM through its adapters (0.34.0 in .venv-vllm: `make test-engines`; VllmAdapter and VllmSchedulerAdapter drive 0.15.1 .. 0.34.0)."""
+"""vLLM through its adapters (0.34.0 in .venv-vllm: `make test-engines`; VllmAdapter and VllmSchedulerAdapter drive 0.11.2 .. 0.34.0)."""
 
 from __future__ import annotations
 

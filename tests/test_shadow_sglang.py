@@ -52,13 +52,18 @@ def test_project_workload_raises_no_alarm(tmp_path: Path) -> None:
     assert evicted > 10
 
 
-def test_decode_growth_raises_no_alarm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_decode_growth_raises_no_alarm(tmp_path: Path, need_sort: bool) -> None:
     """The adapter's preamble with decode: requests grow page by page, finish through
-    checkpoint (the tree takes their pages, duplicates are freed), and evict."""
+    checkpoint (the tree takes their pages, duplicates are freed), and evict. With
+    need_sort (as SGLang builds the allocator under PD disaggregation) freed pages wait
+    (release_pages before 0.5.20, staged_pages after) until an alloc runs short: free too."""
     ns: dict[str, Any] = {}
     from kvoracle.oracle.engines.sglang import preamble
 
-    exec(preamble(4, 48, rows=16, context=512), ns)
+    text = preamble(4, 48, rows=16, context=512)
+    exec(text.replace("need_sort=False", "need_sort=True") if need_sort else text, ns)
+    assert bool(ns["alloc"].need_sort) is need_sort
     s = shadow.attach(ns["tree"], engine="sglang", report_dir=tmp_path)
     live: list[Any] = []
     for i, prompt in enumerate(conversation_turns(random.Random(2), 60, 4)):

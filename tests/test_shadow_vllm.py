@@ -1,4 +1,4 @@
-"""Shadow mode on vLLM's real KVCacheManager, BlockPool and Scheduler (0.15.1 .. 0.34.0; run in
+"""Shadow mode on vLLM's real KVCacheManager, BlockPool and Scheduler (0.11.2 .. 0.34.0; run in
 the vLLM environment: `make test-engines`, or PYTHONPATH=. with vLLM installed).
 
 The project's workload (bench/engine_speed.py over bench/workload.py's conversations)
@@ -27,7 +27,8 @@ from workload import conversation_turns  # noqa: E402
 
 from kvoracle import shadow  # noqa: E402
 from kvoracle.oracle.engine import BadInput, view_of  # noqa: E402
-from kvoracle.oracle.engines.vllm import SCHEDULER_BLOCK_SIZE_FROM, SCHEDULER_PREAMBLE, VllmAdapter, common  # noqa: E402
+from kvoracle.oracle.engines.shadow_vllm import FLAT_TOUCH_FROM  # noqa: E402
+from kvoracle.oracle.engines.vllm import SCHEDULER_PREAMBLE, VllmAdapter, common, manager_preamble, manager_sizes  # noqa: E402
 from kvoracle.oracle.engines.vllm_connector import vllm_version  # noqa: E402
 from kvoracle.shadow import ShadowAlarm  # noqa: E402
 from kvoracle.spec import invariants  # noqa: E402
@@ -211,8 +212,7 @@ from vllm.v1.kv_cache_interface import SlidingWindowSpec
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 window = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float16, sliding_window=8)
 config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer.0"], window)])
-mgr = KVCacheManager(config, max_model_len=256, """ + (
-    "scheduler_block_size=4, " if vllm_version() >= SCHEDULER_BLOCK_SIZE_FROM else "") + """hash_block_size=4)
+mgr = KVCacheManager(config, max_model_len=256""" + manager_sizes(4, vllm_version()) + """)
 """
 
 
@@ -288,6 +288,29 @@ def test_a_deferred_block_freed_twice_is_found(tmp_path: Path) -> None:
     assert s.alarms == []
     mgr.block_pool.free_blocks(reversed(blocks))  # and again
     assert s.alarms and s.alarms[0].id == "INV-REFCOUNT" and "negative" in s.alarms[0].message
+
+
+# --- what older releases write differently -----------------------------------------------
+
+
+def test_a_refused_request_and_a_direct_touch_are_read_as_the_release_writes_them(tmp_path: Path) -> None:
+    """Up to 0.13.0 a refused allocate_slots leaves the request an empty req_to_blocks entry
+    (no table: the manager is quiescent once the rest is freed), and BlockPool.touch takes a
+    tuple of per-group block lists (from 0.14.0 one list). Neither is an alarm or an
+    observer error on any release."""
+    ns: dict[str, Any] = {}
+    exec(manager_preamble(), ns)
+    mgr, pool = ns["mgr"], ns["pool"]
+    s = shadow.attach(mgr, engine="vllm", full_every=1, report_dir=tmp_path)
+    r0, r1 = ns["request"]("r0", [1] * 20), ns["request"]("r1", [2] * 12)  # 5 blocks of the 6, then 3
+    assert ns["admit"](r0)[0] is not None and ns["admit"](r1)[0] is None
+    mgr.free(r0)
+    cached = [b for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None][:1]
+    pool.touch((cached,) if vllm_version() < FLAT_TOUCH_FROM else cached)  # a hit, taken by hand
+    assert cached[0].ref_cnt == 1
+    pool.free_blocks(cached)
+    assert s.observer.quiescent() and s.audit() == []
+    assert s.alarms == [] and s.tally.internal == [], s.summary()
 
 
 # --- the pytest plugin on a test file that builds a KVCacheManager -------------------------

@@ -97,8 +97,13 @@ class SglangObserver(ObserverBase):
 
     def free(self) -> tuple[int, ...]:
         every = getattr(self.alloc, "get_all_free_pages", None)
-        pages = every() if callable(every) else self.alloc.free_pages
-        return tuple(int(p) for p in pages.tolist())
+        if callable(every):  # from 0.5.20: the free pages and those a need_sort allocator stages
+            return tuple(int(p) for p in every().tolist())
+        # Before 0.5.20 an allocator built with need_sort (PD disaggregation) frees into
+        # release_pages until an alloc runs short and merges them; available_size counts both.
+        waiting = getattr(self.alloc, "release_pages", None)
+        pages = self.alloc.free_pages.tolist() + (waiting.tolist() if waiting is not None else [])
+        return tuple(int(p) for p in pages)
 
     def _rows_free(self) -> int:
         return int(self.rows.available_size()) if self.rows is not None else 0

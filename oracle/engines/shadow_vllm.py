@@ -1,4 +1,4 @@
-"""Shadow mode for vLLM 0.15.1 .. 0.34.0's KVCacheManager and its BlockPool (kvoracle.shadow).
+"""Shadow mode for vLLM 0.11.2 .. 0.34.0's KVCacheManager and its BlockPool (kvoracle.shadow).
 
     kvoracle.shadow.attach(scheduler.kv_cache_manager, engine="vllm")
 
@@ -45,7 +45,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from kvoracle.oracle.engine import Observation, scheduler_view
-from kvoracle.oracle.engines.vllm import VllmAdapter, manager_preamble
+from kvoracle.oracle.engines.vllm import VllmAdapter, empty_entries, manager_preamble
+from kvoracle.oracle.engines.vllm_connector import NEWEST, vllm_version
 from kvoracle.shadow import Invocation, ObserverBase, Progress
 from kvoracle.spec.state import blocks_for
 
@@ -53,6 +54,9 @@ MANAGER = ("get_computed_blocks", "allocate_slots", "free", "pop_blocks_for_free
            "cache_blocks", "evict_blocks", "reset_prefix_cache", "take_kv_cache_block_copies")
 POOL = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "evict_blocks", "reset_prefix_cache",
         "unpin_blocks")
+# BlockPool.touch takes one sequence of blocks from 0.14.0; up to 0.13.0 a tuple of sequences,
+# one per KV cache group (KVCacheBlocks.blocks as it is).
+FLAT_TOUCH_FROM = (0, 14, 0)
 ABOUT_A_REQUEST = {"get_computed_blocks", "allocate_slots", "free", "pop_blocks_for_free", "cache_blocks"}
 EXITS = {"free", "pop_blocks_for_free"}
 
@@ -115,6 +119,8 @@ class VllmObserver(ObserverBase):
         self.numbers = itertools.count(1)
         self.rendered: dict[str, int] = {}  # request -> output tokens already written in the script
         self.pending: tuple[int, ...] = ()  # the blocks of pending CoW copies, as indexed
+        self.grouped_touch = (vllm_version() or NEWEST) < FLAT_TOUCH_FROM
+        self.empty_entries = empty_entries()  # a refused request's empty entry is no table (up to 0.13)
         self.resync()
 
     # -- what to wrap, and the index -------------------------------------------------------
@@ -140,7 +146,8 @@ class VllmObserver(ObserverBase):
         out: dict[str, list[int]] = {}
         for m in self.managers:
             for rid, blocks in m.req_to_blocks.items():
-                out.setdefault(rid, []).extend(b.block_id for b in blocks if not b.is_null)
+                if blocks or not self.empty_entries:
+                    out.setdefault(rid, []).extend(b.block_id for b in blocks if not b.is_null)
         tables = {rid: tuple(t) for rid, t in out.items()}
         tables.update((h, tuple(t)) for h, t in self.holds.items() if t)
         pending = self._pending()
@@ -237,6 +244,8 @@ class VllmObserver(ObserverBase):
                              "blocks" if call.method == "cache_full_blocks" else "ordered_blocks"
                              if call.method == "free_blocks" else "blocks")
             seen = peek(items)
+            if seen is not None and call.method == "touch" and self.grouped_touch:
+                seen = [b for group in seen for b in group]
             return None if seen is None else ([b.block_id for b in seen if not b.is_null], _underlying(items))
         return None
 
@@ -418,7 +427,7 @@ REMOTE = "WAITING_FOR_REMOTE_KVS"  # waiting for room alone once its load has en
 
 
 class VllmSchedulerObserver(ObserverBase):
-    """vLLM's Scheduler (tried on 0.16.0 .. 0.34.0) as a scheduler: each `schedule` call is one
+    """vLLM's Scheduler (tried on 0.11.2 .. 0.34.0) as a scheduler: each `schedule` call is one
     scheduling step, judged by LIVE-ADMIT and LIVE-PROGRESS (`kvoracle.shadow`, Progress).
 
         kvoracle.shadow.attach(scheduler, engine="vllm-scheduler")

@@ -1,4 +1,4 @@
-"""vLLM's KVCacheManager and BlockPool (0.15.1 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
+"""vLLM's KVCacheManager and BlockPool (0.11.2 .. 0.34.0; vllm.v1.core) behind the adapter Protocol.
 
 admit  = get_computed_blocks + allocate_slots for the whole prompt (allocate_slots
          also caches the full blocks); refused when allocate_slots returns None
@@ -15,28 +15,42 @@ setup text is written for the installed release, read from its package metadata)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import CPU_ENGINE, CPU_PLATFORM, DECODER_ONLY, NEWEST, REQUEST_ARGS, vllm_version
+from kvoracle.oracle.engines.vllm_connector import (CPU_ENGINE, CPU_PLATFORM, DECODER_ONLY, EVICT_BLOCKS_FROM, NEWEST,
+                                                    REQUEST_ARGS, vllm_version)
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
 MAX_LEN = 256
 
 # The KVCacheManager calls the setup makes changed between releases; each is written for the
-# installed release. Checked (with the Scheduler adapter's) on a release of every minor from 0.15 to 0.34
-# (0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.19.0, 0.20.2, 0.21.0 .. 0.25.1, 0.26.0, 0.27.1, 0.28.0 .. 0.34.0); the
-# gates read from the sources of every release between.
+# installed release. Checked (with the Scheduler adapter's) on a release of every minor from 0.11 to 0.34
+# (0.11.2, 0.12.0, 0.13.0, 0.14.1, 0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.19.0, 0.20.2, 0.21.0 .. 0.25.1, 0.26.0,
+# 0.27.1, 0.28.0 .. 0.34.0); the gates read from the sources of every release between from 0.15.1, and of
+# 0.11.2, 0.12.0, 0.13.0, 0.14.0 and 0.14.1 below it.
+OLDEST_BLOCK_POOL = (0, 11, 2)
 # KVCacheManager's constructor takes a required scheduler_block_size before hash_block_size
 # from 0.23.0 (PR 44165); up to 0.22.1 it takes hash_block_size alone, and refuses the keyword.
 SCHEDULER_BLOCK_SIZE_FROM = (0, 23, 0)
+# ... and hash_block_size, required, from 0.12.0 (block hashes at a granularity of their own); up
+# to 0.11.2 the constructor takes neither.
+HASH_BLOCK_SIZE_FROM = (0, 12, 0)
 # get_computed_blocks answers (blocks, hit tokens, shared_prefix_boundary) from 0.26.0 (the
 # junction a sparse-retention group pins; 0 here, one full-attention group); up to 0.25.1 it
 # answers (blocks, hit tokens).
 PREFIX_BOUNDARY_FROM = (0, 26, 0)
+# allocate_slots refused for want of blocks leaves the request no entry in req_to_blocks from
+# 0.14.0 (get_num_blocks_to_allocate reads it with .get); up to 0.13.0 it reads the defaultdict
+# by key, which leaves the refused request an empty list there until it is admitted or freed. An
+# empty list holds no block: the observation leaves it out on those releases only.
+NO_EMPTY_ENTRY_FROM = (0, 14, 0)
+# BlockPool.evict_blocks came in 0.13.0 (EVICT_BLOCKS_FROM, the connector adapter's): before it,
+# the adapter's evict runs what that method runs for each id, BlockPool._maybe_evict_cached_block.
 
 
 def common(block: int, blocks: int, max_len: int) -> str:
@@ -64,18 +78,25 @@ def request(rid, tokens):
 """
 
 
+def manager_sizes(block: int, vllm: tuple[int, ...]) -> str:
+    """The block sizes KVCacheManager's constructor takes in release `vllm`, as keyword
+    arguments after max_model_len (SCHEDULER_BLOCK_SIZE_FROM, HASH_BLOCK_SIZE_FROM)."""
+    sizes = f", scheduler_block_size={block}" if vllm >= SCHEDULER_BLOCK_SIZE_FROM else ""
+    return sizes + (f", hash_block_size={block}" if vllm >= HASH_BLOCK_SIZE_FROM else "")
+
+
 def manager_preamble(block: int = BLOCK, blocks: int = NUM_BLOCKS, max_len: int = MAX_LEN,
                      vllm: tuple[int, ...] = ()) -> str:
     """The KVCacheManager setup, and admit (= match, then place) and grow as the
     scheduler calls them; the bench builds it at its own size. Written for release `vllm`
     (default: the installed one; the newest when none is)."""
     vllm = vllm or vllm_version() or NEWEST
-    sizes = f"scheduler_block_size={block}, " if vllm >= SCHEDULER_BLOCK_SIZE_FROM else ""
+    sizes = manager_sizes(block, vllm)
     answer = "hit, hit_tokens, _" if vllm >= PREFIX_BOUNDARY_FROM else "hit, hit_tokens"
     return common(block, blocks, max_len) + f"""
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-mgr = KVCacheManager(config, max_model_len={max_len}, {sizes}hash_block_size={block})
+mgr = KVCacheManager(config, max_model_len={max_len}{sizes})
 pool = mgr.block_pool
 
 
@@ -110,6 +131,26 @@ def grow(req, tokens):
 
 
 PREAMBLE = manager_preamble()
+
+
+@functools.cache
+def installed() -> tuple[int, ...]:
+    """The installed release (the newest when none is), read once."""
+    return vllm_version() or NEWEST
+
+
+def empty_entries() -> bool:
+    """Whether the installed release leaves a refused request an empty req_to_blocks entry
+    (NO_EMPTY_ENTRY_FROM)."""
+    return installed() < NO_EMPTY_ENTRY_FROM
+
+
+def held_tables(tables: Any) -> dict[str, tuple[int, ...]]:
+    """A manager's req_to_blocks as tables of block ids (without the empty entries of a
+    release that leaves them: empty_entries)."""
+    empty = empty_entries()
+    return {rid: tuple(b.block_id for b in blocks) for rid, blocks in tables.items() if blocks or not empty}
+
 
 # The full Scheduler needs a model config but no weights: the tiny Llama of CPU_ENGINE, no
 # tokenizer, and the KV cache size given by hand.
@@ -167,10 +208,10 @@ class VllmAdapter(Scripted):
     bad_inputs = frozenset({BadInput.DOUBLE_FREE, BadInput.DOUBLE_FINISH})
     preamble = PREAMBLE
     assertions = ASSERTIONS
-    # the calls that changed are chosen by release (SCHEDULER_BLOCK_SIZE_FROM,
-    # PREFIX_BOUNDARY_FROM, and eos_token_id where Request takes it); checked from 0.15.1, the
-    # connector's oldest release
-    releases = ((0, 15, 1), NEWEST)
+    # the calls that changed are chosen by release (HASH_BLOCK_SIZE_FROM, SCHEDULER_BLOCK_SIZE_FROM,
+    # PREFIX_BOUNDARY_FROM, EVICT_BLOCKS_FROM, NO_EMPTY_ENTRY_FROM, and eos_token_id where Request
+    # takes it); checked from 0.11.2
+    releases = (OLDEST_BLOCK_POOL, NEWEST)
 
     def __init__(self) -> None:
         require_release("vLLM", vllm_version(), *self.releases, type(self).__name__)
@@ -202,7 +243,10 @@ class VllmAdapter(Scripted):
         idle = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None]
         if not idle:
             return 0
-        self.run(f"pool.evict_blocks({set(idle[:blocks])})")
+        if installed() >= EVICT_BLOCKS_FROM:
+            self.run(f"pool.evict_blocks({set(idle[:blocks])})")
+        else:
+            self.run(f"for _b in {idle[:blocks]}: pool._maybe_evict_cached_block(pool.blocks[_b])")
         return len(idle[:blocks])
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:
@@ -224,7 +268,7 @@ class VllmAdapter(Scripted):
             ids=range(1, NUM_BLOCKS),
             free=tuple(b.block_id for b in queue if b.block_hash is None),
             evictable=tuple(b.block_id for b in queue if b.block_hash is not None),
-            tables={rid: tuple(b.block_id for b in blocks) for rid, blocks in tables.items()},
+            tables=held_tables(tables),
             cached=frozenset(b.block_id for b in self.pool.blocks[1:] if b.block_hash is not None),
             refcounts={b.block_id: b.ref_cnt for b in self.pool.blocks[1:]},
             counters={"get_num_free_blocks": (self.pool.get_num_free_blocks(), len(queue))},
@@ -244,7 +288,9 @@ class VllmSchedulerAdapter(VllmAdapter):
     name = "vllm-scheduler"
     operations = frozenset({Op.ADMIT, Op.GROW, Op.FINISH, Op.EVICT})
     preamble = SCHEDULER_PREAMBLE
-    releases = ((0, 15, 1), NEWEST)  # the CPU platform picked and SchedulerConfig's arguments read, as the connector does
+    # the CPU platform picked and SchedulerConfig's arguments read as the connector does, and what
+    # the model runner returns written for the release (runner_output)
+    releases = (OLDEST_BLOCK_POOL, NEWEST)
 
     def bind(self) -> None:
         super().bind()

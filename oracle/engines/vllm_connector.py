@@ -1,5 +1,6 @@
 """vLLM's full v1 Scheduler and KVCacheManager with a KV connector kvoracle controls,
-behind the scheduler Protocol (oracle.serving), for the releases 0.15.1 .. 0.34.0.
+behind the scheduler Protocol (oracle.serving), for the releases 0.12.0 .. 0.34.0 (kvoracle's own
+connector; each of the others from its own first release).
 
 The adapter plays EngineCore and the worker side of the connector; vLLM's own code is
 the Scheduler, its KVCacheManager and BlockPool, and (where a row uses one) the scheduler
@@ -101,6 +102,9 @@ from kvoracle.spec.state import EXITED, Status, System
 from kvoracle.spec.types import RequestId
 
 OLDEST, NEWEST = (0, 15, 1), (0, 34, 0)
+# The classes on kvoracle's own connector drive from 0.12.0, where Scheduler._preempt_request
+# came (0.11.2 preempts inline in schedule(): the adapter's preempt has nothing to call).
+OWN_CONNECTOR_OLDEST = (0, 12, 0)
 # The offloading connector's releases (offload_layout picks the preamble's texts from these):
 # vLLM PR 37874 (0.19.0) made the CPU tier one CPUOffloadingManager with a pluggable CachePolicy
 # (LRU or ARC) over a pool of its own, in place of LRUOffloadingManager / ARCOffloadingManager
@@ -109,6 +113,10 @@ OLDEST, NEWEST = (0, 15, 1), (0, 34, 0)
 POLICY_FROM = (0, 19, 0)  # the CPU tier's CachePolicy (PR 37874)
 JOBS_FROM = (0, 21, 0)  # the offloading connector's transfer jobs by id (PR 39186)
 IDLE_STEPS_FROM = (0, 22, 0)  # EngineCore steps while a delayed free is pending (PR 43433)
+FINISHED_ERROR_FROM = (0, 13, 0)  # RequestStatus.FINISHED_ERROR
+# BlockPool.evict_blocks(block_ids) came in 0.13.0 (for KV connectors); before it, evicting a
+# cached block is what that method runs for each id, BlockPool._maybe_evict_cached_block.
+EVICT_BLOCKS_FROM = (0, 13, 0)
 
 # vLLM on the CPU platform, whatever the build: releases before 0.2x pick it only for a "+cpu"
 # build of vLLM, and releases <= 0.17 probe a torch function 2.13 dropped. Shared by both vLLM
@@ -190,8 +198,18 @@ def cpu_vllm_config(**parts):
 
 def runner_output(ids, sampled):
     # What the model runner returns for the scheduled requests `ids` (0.34 dropped
-    # req_id_to_index: a request's index is its place in req_ids).
+    # req_id_to_index: a request's index is its place in req_ids; up to 0.13 logprobs,
+    # prompt_logprobs_dict and pooler_output are required, none of them defaulted before 0.14.0;
+    # up to 0.11 a request's sampled tokens are a numpy array, lists from 0.12.0).
+    import vllm
     from vllm.v1.outputs import ModelRunnerOutput
+    release = tuple(int(x) for x in vllm.__version__.split(".")[:2])
+    if release < (0, 14):
+        if release < (0, 12):
+            import numpy
+            sampled = [numpy.array(tokens, dtype=numpy.int64) for tokens in sampled]
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
     if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled)
@@ -810,8 +828,11 @@ def preempt(rid, faults=()):
 
 def evict_all():
     cached = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None}
-    if cached:
+    if cached and EVICT_BLOCKS:
         pool.evict_blocks(cached)
+    elif cached:  # before 0.13.0 (EVICT_BLOCKS_FROM): what evict_blocks runs for each id
+        for b in cached:
+            pool._maybe_evict_cached_block(pool.blocks[b])
     evict_cpu()
 
 '''
@@ -891,7 +912,8 @@ class VllmConnector(Scripted):
                    f"{self.max_tokens}, {self.max_seqs}\n"
                    f"CONNECTOR, ROLE, LOADS, SENDS = {self.connector!r}, {self.role!r}, {self.loads}, {self.sends}\n"
                    f"ASYNC, BUSY, BATCH = {self.async_scheduling}, {self.busy}, {self.batch_tokens}\n"
-                   f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n")
+                   f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n"
+                   f"EVICT_BLOCKS = {self.vllm >= EVICT_BLOCKS_FROM}\n")
         part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART + self.offload_layout()}[self.connector]
         return HEAD + options + CONNECTOR_CLASS + CONFIG + WORKER + part + ENGINE
 
@@ -912,6 +934,11 @@ class VllmConnector(Scripted):
         self.reqs: dict[str, Any] = ns["REQS"]  # type: ignore[assignment]
         self.queue: Any = ns["QUEUE"]
         self.status: Any = ns["RequestStatus"]
+        # FINISHED_ERROR (a request failed by the engine, e.g. a KV load under the "fail"
+        # policy) came in 0.13.0
+        status: Any = self.status
+        self.aborted: set[Any] = {status.FINISHED_ABORTED} | (
+            {status.FINISHED_ERROR} if vllm_version() >= FINISHED_ERROR_FROM else set())
         self.pin_steps = bool(ns["ASYNC"]) and ns["ROLE"] in ("kv_consumer", "kv_both")
 
     # --- operations ------------------------------------------------------------------------
@@ -959,7 +986,7 @@ class VllmConnector(Scripted):
         if self.status.is_finished(s):
             if rid in self.worker.cut_short:  # its exit raised before the free: not exited
                 return Status.RUNNING if self._holds(rid) else Status.WAITING
-            return Status.ABORTED if s in (self.status.FINISHED_ABORTED, self.status.FINISHED_ERROR) \
+            return Status.ABORTED if s in self.aborted \
                 else Status.FINISHED
         if s == self.status.RUNNING or self._holds(rid):  # holding blocks (an async load): admitted
             return Status.RUNNING
@@ -1174,14 +1201,15 @@ class MooncakeAbortUntracked(VllmConnector):
 class AbortDuringLoad(VllmConnector):
     """vLLM PR 32255: aborting a request while its asynchronous load is in flight
     (WAITING_FOR_REMOTE_KVS) frees the load's destination blocks at once (INV-PIN).
-    Buggy 0.15.1, fixed in 0.16.0. No sends and no hung loads (0.16.0 waits for the load
-    of an aborted request: issue 46283); a busy engine (0.16.0 idles while an aborted
+    Buggy 0.15.1 (0.12.0 .. 0.14.1 too: the same 2-step program), fixed in 0.16.0. No
+    sends and no hung loads (0.16.0 waits for the load of an aborted request: issue
+    46283); a busy engine (0.16.0 idles while an aborted
     request's load is pending: PR 43433). Both releases also stand still when a preempted
     request heads the queue (RemoteKvHeadOfLine): the hunt row lists LIVE-PROGRESS as known."""
 
     name = "vllm-abort-during-load"
     connector = "kvoracle"
-    versions = (OLDEST, NEWEST)
+    versions = (OWN_CONNECTOR_OLDEST, NEWEST)
     sends = False
     busy = True
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
@@ -1212,7 +1240,7 @@ class AsyncConsumerFree(VllmConnector):
     sends = False
     async_scheduling = True
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
-    versions = (OLDEST, NEWEST)
+    versions = (OWN_CONNECTOR_OLDEST, NEWEST)
 
 
 class IdleDelayedFree(VllmConnector):
@@ -1223,7 +1251,7 @@ class IdleDelayedFree(VllmConnector):
 
     name = "vllm-idle-delayed-free"
     connector = "kvoracle"
-    versions = (OLDEST, NEWEST)
+    versions = (OWN_CONNECTOR_OLDEST, NEWEST)
     loads = False
     fault_kinds = frozenset({FaultKind.ERROR, FaultKind.PARTIAL, FaultKind.LATE})
 
@@ -1235,7 +1263,7 @@ class AbortLoadNeverAnswers(VllmConnector):
 
     name = "vllm-abort-load-never-answers"
     connector = "kvoracle"
-    versions = (OLDEST, NEWEST)
+    versions = (OWN_CONNECTOR_OLDEST, NEWEST)
     sends = False
     fault_kinds = frozenset({FaultKind.HANG})
 
@@ -1244,11 +1272,11 @@ class FinishedRaises(VllmConnector):
     """A connector's request_finished that raises (a storage write failing at exit):
     Scheduler._free_request calls it before _free_blocks with nothing to catch it, so the
     request stays FINISHED_* in the scheduler, holding its blocks (LIVE-EXIT). Every
-    release 0.15.1 .. 0.34.0; the shape of FastDeploy PR 7807."""
+    release 0.12.0 .. 0.34.0; the shape of FastDeploy PR 7807."""
 
     name = "vllm-finished-raises"
     connector = "kvoracle"
-    versions = (OLDEST, NEWEST)
+    versions = (OWN_CONNECTOR_OLDEST, NEWEST)
     loads = False
     fault_kinds = frozenset({FaultKind.RAISE})
 
