@@ -97,7 +97,7 @@ DEEP_CHECK = check --seeds 3 --examples 150
 test-engines: test-engine-vllm test-engine-sglang
 
 test-engine-vllm: .venv-vllm/.kvoracle
-	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py tests/test_engine_vllm_connector.py tests/test_shadow_vllm.py tests/test_shadow_vllm_deadlock.py
+	.venv-vllm/bin/pytest -q tests/test_engine_vllm.py tests/test_engine_vllm_connector.py tests/test_shadow_vllm.py tests/test_shadow_vllm_deadlock.py tests/test_shadow_docs.py
 	.venv-vllm/bin/kvoracle $(DEEP_CHECK) --adapter kvoracle.oracle.engines.vllm_connector:VllmConnector --expect LIVE-TRANSFER
 
 test-engine-sglang: .venv-sglang/.kvoracle

@@ -1,5 +1,12 @@
-"""The pytest plugin: `pytest --kvoracle-adapter MODULE:CLASS` adds one test per adapter
-that runs its Protocol's machine (see kvoracle.testing), next to the suite's own tests.
+"""The pytest plugin: `pytest --kvoracle-adapter MODULE:CLASS` adds a test per adapter
+that runs its Protocol's machine (see kvoracle.testing), next to the suite's own tests;
+for a request-level adapter that declares bad calls (`bad_inputs`), a second test,
+`kvoracle[MODULE:CLASS +bad input]`, runs the machine that makes them too, as
+`kvoracle check --adapter` runs both campaigns.
+
+What `kvoracle check` refuses before any campaign is a usage error here too: an adapter
+that cannot be loaded, lacks a member of its Protocol, cannot build its engine or
+observe it, and a count below 1.
 
 pytest loads it from kvoracle's entry point wherever kvoracle is installed; it adds
 options only, and no test unless --kvoracle-adapter is given.
@@ -7,19 +14,34 @@ options only, and no test unless --kvoracle-adapter is given.
 
 from __future__ import annotations
 
+import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 
+def _count(text: str) -> int:
+    """A count of at least one (a usage error otherwise, as `kvoracle check` says)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvoracle", "kvoracle: check a KV-cache adapter with kvoracle's machines")
     group.addoption("--kvoracle-adapter", action="append", default=[], metavar="MODULE:CLASS",
-                    help="run the machine of this adapter's Protocol (MODULE:CLASS or FILE.py:CLASS; repeatable)")
-    group.addoption("--kvoracle-examples", type=int, default=100, metavar="N",
+                    help="run the machine of this adapter's Protocol (MODULE:CLASS or FILE.py:CLASS; repeatable); "
+                         "for a request-level adapter with bad_inputs, the bad-input machine too")
+    group.addoption("--kvoracle-examples", type=_count, default=100, metavar="N",
                     help="programs per adapter (default 100)")
-    group.addoption("--kvoracle-steps", type=int, default=50, metavar="N", help="max steps per program (default 50)")
+    group.addoption("--kvoracle-steps", type=_count, default=50, metavar="N",
+                    help="max steps per program (default 50)")
     group.addoption("--kvoracle-seed", type=int, default=0, metavar="N", help="seed of the programs (default 0)")
     group.addoption("--kvoracle-isolated", action="store_true",
                     help="run each adapter's machine in a forked process: an engine that ends the process fails "
@@ -27,22 +49,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "initialised in the session)")
 
 
+def _built(adapter: type) -> tuple[str, bool]:
+    """Build the adapter once, as `kvoracle check` does before its campaigns: what is
+    wrong ('' : nothing) and whether it declares bad calls."""
+    from kvoracle.oracle.engines import built_problem
+
+    try:
+        made = adapter()
+    except Exception as e:  # noqa: BLE001 - the adapter's own error, said as a usage error
+        return f"could not build its engine: {e!r}", False
+    problem = built_problem(made)
+    return problem, bool(getattr(made, "bad_inputs", None))
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    from kvoracle.oracle.engines import load_adapter
+    from kvoracle.oracle.engines import load_adapter, protocol_of
+    from kvoracle.oracle.isolation import Ended, in_child
 
     specs: list[str] = config.getoption("kvoracle_adapter")
     for spec in specs:
         try:  # an adapter that cannot be had is a usage error, not a failed test
-            load_adapter(spec)
+            adapter = load_adapter(spec)
         except (ValueError, ImportError) as e:
-            raise pytest.UsageError(f"--kvoracle-adapter {spec}: {str(e).removeprefix('--adapter: ')}") from None
-        items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec}]", spec=spec))
+            raise pytest.UsageError(f"--kvoracle-adapter {spec}: {e}") from None
+        level = protocol_of(adapter)
+        if config.getoption("kvoracle_isolated"):  # built in a child: the session's process stays as it was (CUDA)
+            answer = in_child(partial(_built, adapter))
+            # an engine that ends the process as it is built: its test says so, with the program
+            problem, bad = ("", bool(getattr(adapter, "bad_inputs", None))) if isinstance(answer, Ended) else answer
+        else:
+            problem, bad = _built(adapter)
+        if problem:
+            raise pytest.UsageError(f"--kvoracle-adapter {spec}: the {getattr(adapter, 'name', adapter.__name__)} "
+                                    f"adapter {problem}")
+        items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec}]", spec=spec, adapter=adapter))
+        if level == "engine" and bad:
+            items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec} +bad input]", spec=spec,
+                                                 adapter=adapter, bad_input=True))
 
 
 class AdapterItem(pytest.Item):
-    def __init__(self, *, spec: str, **kwargs: Any) -> None:
+    def __init__(self, *, spec: str, adapter: type, bad_input: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.spec = spec
+        self.adapter = adapter
+        self.bad_input = bad_input
 
     def runtest(self) -> None:
         from hypothesis import HealthCheck, settings
@@ -50,14 +101,13 @@ class AdapterItem(pytest.Item):
         from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
         from kvoracle.oracle.campaign import seed_alone
-        from kvoracle.oracle.engines import load_adapter
         from kvoracle.oracle.survival import alone
-        from kvoracle.testing import machine_for
+        from kvoracle.testing import machine_for, unexplained
 
-        machine = machine_for(load_adapter(self.spec))
+        machine = machine_for(self.adapter, bad_input=self.bad_input)
         opt = self.config.getoption
-        config = settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
-                          deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        config = unexplained(settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
+                                      deadline=None, database=None, suppress_health_check=list(HealthCheck)))
 
         def run(machine: type[RuleBasedStateMachine]) -> None:
             with seed_alone():  # the same programs whatever the test session loaded
@@ -69,8 +119,8 @@ class AdapterItem(pytest.Item):
             run(machine)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return Path(self.spec.rpartition(":")[0]), None, f"kvoracle machine on {self.spec}"
+        what = "kvoracle bad-input machine" if self.bad_input else "kvoracle machine"
+        return Path(self.spec.rpartition(":")[0]), None, f"{what} on {self.spec}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         return str(excinfo.value) + "".join(f"\n{n}" for n in getattr(excinfo.value, "__notes__", []))
-

@@ -117,7 +117,10 @@ class Invocation:
 @dataclass(frozen=True)
 class Call:
     """A call in the ring buffer: numbered in order, arguments and outcome summarised, and
-    the blocks it changed (None: the observer could not say)."""
+    the blocks it changed (None: the observer could not say, and the text says nothing).
+
+    An audit is no call: the alarms it raises name, as `after`, an entry with `audit` set,
+    numbered as the last call before it (`seq`, 0: none yet), which `args` shows."""
 
     seq: int
     name: str
@@ -125,10 +128,13 @@ class Call:
     outcome: str
     blocks: frozenset[int] | None
     where: str = ""  # the test that made it (pytest plugin)
+    audit: bool = False
 
     def __str__(self) -> str:
-        touched = "blocks ?" if self.blocks is None else f"blocks {_ids(self.blocks)}" if self.blocks else "no block"
-        return f"#{self.seq} {self.name}({self.args}) {self.outcome}  [{touched}]"
+        if self.audit:
+            return f"audit(), after call #{self.seq} {self.args}" if self.seq else "audit(), before any call"
+        touched = "" if self.blocks is None else f"  [blocks {_ids(self.blocks)}]" if self.blocks else "  [no block]"
+        return f"#{self.seq} {self.name}({self.args}) {self.outcome}{touched}"
 
 
 @dataclass(frozen=True)
@@ -371,7 +377,13 @@ class Tally:
     internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
     unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
     steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
-    unwatched: list[str] = field(default_factory=list)  # engine classes whose package this Python lacks
+    watching: list[str] = field(default_factory=list)  # the modules of the engine classes it attaches to
+
+    @property
+    def unwatched(self) -> list[str]:
+        """The modules of `watching` whose package this Python lacks, now: never imported,
+        and not to be found (a test suite may put its engine on sys.path itself)."""
+        return [m for m in dict.fromkeys(self.watching) if _missing(m)]
 
     def summary(self, engine: str = "", alarms: int = 20) -> str:
         head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
@@ -798,7 +810,8 @@ class Shadow:
         preamble, target = self._rebuild
         self.report_dir.mkdir(parents=True, exist_ok=True)
         path = self.report_dir / f"{self.observer.engine}-{os.getpid()}-{id(self):x}-{self._reports}.py"
-        head = [f"# kvoracle shadow reproduction: {self.observer.engine}, after call #{entry.seq} {entry.name}",
+        when = f"at the {entry}" if entry.audit else f"after call #{entry.seq} {entry.name}"
+        head = [f"# kvoracle shadow reproduction: {self.observer.engine}, {when}",
                 *(f"# {a.id}: {a.message}" for a in alarms)]
         if self._script.broken:
             head += [f"# Not a full replay: {self._script.broken}.",
@@ -822,7 +835,9 @@ class Shadow:
     def audit(self) -> list[Alarm]:
         """A full check now, plus LIVE-DRAIN when nothing is live (reclaimable blocks
         count as freed: the drain's eviction would free them). Raises in "raise" mode."""
-        entry = Call(self.calls, "audit", "", "", None, _context)
+        last = self.ring[-1] if self.ring and self.ring[-1].seq == self.calls else None
+        follows = "" if last is None else f"{last.name}({last.args}) {last.outcome}"
+        entry = Call(self.calls, "audit", follows, "", None, _context, audit=True)
         if not self._wrapped and not self.active:
             return []
 
@@ -1011,6 +1026,26 @@ class _Install:
 _installs: dict[str, _Install] = {}
 
 
+def _missing(module: str) -> bool:
+    """Whether `module`'s package is absent from this Python: not imported, and no finder
+    finds it (the install's own finders, which would take themselves off, are skipped)."""
+    if module in sys.modules:
+        return False
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        return False
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if isinstance(finder, _AfterImport) or find is None:
+            continue
+        try:
+            if find(top, None) is not None:
+                return False
+        except Exception:  # noqa: BLE001 - a finder's own trouble: it does not find it
+            continue
+    return True
+
+
 def _hook_class(path: str, on_new: Callable[[object], None]) -> Callable[[], None]:
     """Call `on_new(obj)` after each construction of exactly that class; returns the undo."""
     module_name, _, qualname = path.partition(":")
@@ -1073,8 +1108,7 @@ def install(engine: str | type, *, mode: Mode = "record", interval: int = 1, ful
 
     inst = _Install(spec, make, shared)
     for path in getattr(cls, "classes", ()):
-        if importlib.util.find_spec(path.partition(".")[0]) is None:
-            shared.unwatched.append(path.partition(":")[0])
+        shared.watching.append(path.partition(":")[0])  # said in the summary if its package is missing then
         inst.undo.append(_hook_class(path, inst.new_object))
     _installs[spec] = inst
     return shared

@@ -14,7 +14,13 @@ The machine is the one `kvoracle check --adapter` runs for that Protocol:
 TieredAdapter, `scheduler_machine` for a SchedulerAdapter. A failure raises
 PropertyViolated, whose message names the property ID and the call after which it
 broke; Hypothesis prints the shrunk program. The examples and steps come from the
-active Hypothesis settings profile, or from `settings` given here.
+active Hypothesis settings profile, or from `settings` given here (less Hypothesis's
+explain phase, whose "always and only run by failing test cases" lines would point into
+kvoracle's own checks, not the engine).
+
+An adapter class is checked when the factory is called: one that lacks a member of its
+Protocol, or declares what it cannot (oracle.engines.protocol_of, as `kvoracle check`
+does), is a ValueError naming it, not an AttributeError in the middle of a program.
 
 With `isolated=True`, the test runs its machine in a forked process of its own: an
 engine that ends the process (os._exit, a crash in native code, a hang no timer
@@ -28,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar, cast
 
+from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -43,6 +50,32 @@ from kvoracle.oracle.violations import PropertyViolated
 __all__ = ["PropertyViolated", "cache_machine", "engine_machine", "machine_for", "scheduler_machine"]
 
 M = TypeVar("M", bound=RuleBasedStateMachine)
+FACTORIES = {"engine": "engine_machine", "cache": "cache_machine", "scheduler": "scheduler_machine"}
+
+
+def unexplained(settings: Settings) -> Settings:
+    """`settings` without Hypothesis's explain phase, and nothing else changed: its lines
+    name kvoracle's own checks (the line that raises PropertyViolated), not the engine."""
+    return Settings(settings, phases=[p for p in settings.phases if p is not Phase.explain])
+
+
+def checked(adapter: Callable[[], object], level: str) -> None:
+    """An adapter class must implement the Protocol of `level` ("engine", "cache" or
+    "scheduler"): ValueError, naming what it lacks, before any machine runs. A callable
+    that is not a class is known only once built, and is left to the machine."""
+    from kvoracle.oracle.engines import PROTOCOLS, protocol_of
+
+    if not isinstance(adapter, type):
+        return
+    factory = FACTORIES[level]
+    try:
+        found = protocol_of(adapter)
+    except ValueError as e:
+        raise ValueError(f"kvoracle.testing.{factory}: {e}") from None
+    if found != level:
+        raise ValueError(f"kvoracle.testing.{factory}: {adapter.__name__} implements the {PROTOCOLS[found].__name__} "
+                         f"Protocol, not the {PROTOCOLS[level].__name__} one: use kvoracle.testing.{FACTORIES[found]} "
+                         f"(or machine_for)")
 
 
 def _named(adapter: Callable[[], object]) -> str:
@@ -54,8 +87,8 @@ def _machine(base: type[M], adapter: Callable[[], object], attrs: dict[str, obje
              settings: Settings | None, isolated: bool) -> type[M]:
     attrs["make_adapter"] = staticmethod(adapter)
     machine = cast(type[M], type(f"{base.__name__}_{_named(adapter)}", (base,), attrs))
-    if settings is not None:
-        machine.TestCase.settings = settings
+    # the given settings, else the TestCase's own (the active profile's), less the explain phase
+    machine.TestCase.settings = unexplained(settings if settings is not None else machine.TestCase.settings)
     if isolated:
         _isolate(machine)
     return machine
@@ -76,6 +109,7 @@ def _isolate(machine: type[RuleBasedStateMachine]) -> None:
 def cache_machine(adapter: Callable[[], TieredAdapter], *, settings: Settings | None = None,
                   isolated: bool = False) -> type[CacheMachine]:
     """The cache-level machine (tiers, transfers with chosen outcomes, bad input) on `adapter`."""
+    checked(adapter, "cache")
     return _machine(CacheMachine, adapter, {"tally": Tally()}, settings, isolated)
 
 
@@ -83,6 +117,7 @@ def scheduler_machine(adapter: Callable[[], SchedulerAdapter], *, settings: Sett
                       isolated: bool = False) -> type[SchedulerMachine]:
     """The scheduler-level machine (requests, faults in every I/O call, bad input) on `adapter`;
     the disk machine when the adapter also offers `damage_storage`."""
+    checked(adapter, "scheduler")
     return _machine(scheduler_level_machine(adapter), adapter, {"tally": Tally()}, settings, isolated)
 
 
@@ -90,18 +125,23 @@ def engine_machine(adapter: Callable[[], EngineAdapter], *, bad_input: bool = Fa
                    settings: Settings | None = None, isolated: bool = False) -> type[EngineMachine]:
     """The request-level machine on `adapter`; with `bad_input`, it also makes the raw bad
     calls the adapter declares."""
+    checked(adapter, "engine")
     return _machine(EngineMachine, adapter, {"tally": EngineTally(), "with_bad_input": bad_input}, settings,
                     isolated)
 
 
-def machine_for(adapter: type, *, settings: Settings | None = None,
+def machine_for(adapter: type, *, bad_input: bool = False, settings: Settings | None = None,
                 isolated: bool = False) -> type[RuleBasedStateMachine]:
-    """The machine of whichever Protocol `adapter` implements (ValueError names what it lacks)."""
+    """The machine of whichever Protocol `adapter` implements (ValueError names what it
+    lacks); `bad_input` is for an EngineAdapter's (the other machines always make bad calls)."""
     from kvoracle.oracle.engines import protocol_of
 
-    level = protocol_of(adapter)
+    try:
+        level = protocol_of(adapter)
+    except ValueError as e:
+        raise ValueError(f"kvoracle.testing.machine_for: {e}") from None
     if level == "cache":
         return cache_machine(adapter, settings=settings, isolated=isolated)
     if level == "scheduler":
         return scheduler_machine(adapter, settings=settings, isolated=isolated)
-    return engine_machine(adapter, settings=settings, isolated=isolated)
+    return engine_machine(adapter, bad_input=bad_input, settings=settings, isolated=isolated)

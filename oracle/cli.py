@@ -146,8 +146,11 @@ def numbered(result: RunResult) -> list[str]:
     steps = shown(result)
     lines = [f"  {i}. {step}" for i, step in enumerate(steps, 1)]
     call = result.violation.step if result.violation is not None else ""
-    # "drain:..": after the program; a step that names its call (grow, bad_input's DOUBLE_FREE) needs nothing
-    if lines and call and ":" not in call and call.lower() not in steps[-1].lower():
+    if call.split(":")[0] in ("drain", "teardown"):  # the machine's drain, after the program's last step
+        lines.append(f"  then the drain at the end (the check fired there, after its {call.split(':')[-1]})"
+                     if ":" in call else "  then the drain at the end (the check fired there)")
+    # a step that names its call (grow, bad_input's DOUBLE_FREE) needs nothing; "the program": no call
+    elif lines and call and call.isidentifier() and call.lower() not in steps[-1].lower():
         lines[-1] += f"   (the check fired after its call {call})"
     return lines
 
@@ -431,11 +434,12 @@ def reproduce(row: Row, repro_dir: Path) -> None:
         return
     use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
     path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
-    print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id)}")
+    print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id, str(row.result.violation))}")
 
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
     from kvoracle.oracle.engine_campaign import engine_table, run_engine
+    from kvoracle.oracle.engines import built_problem
 
     if args.engine and args.adapter:
         print("kvoracle check: --engine and --adapter exclude each other", file=sys.stderr)
@@ -454,7 +458,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
-    problem = expect_problem(args.expect) or output_problem(
+    problem = expect_problem(args.expect, level) or output_problem(
         args, (args.repro_dir or REPRO_DIR) if issubclass(adapter, Scripted) else None)
     if problem:
         print(f"kvoracle check: {problem}", file=sys.stderr)
@@ -463,20 +467,29 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     label = str(getattr(adapter, "name"))
-    try:
-        adapter()  # an adapter that cannot build its engine is reported here, not as a finding
+    try:  # an adapter that cannot build its engine, or observe it, is reported here, not as a finding
+        problem = built_problem(adapter())
     except Exception as e:
-        print(f"kvoracle check: the {label} adapter could not build its engine: {e!r}", file=sys.stderr)
+        problem = f"could not build its engine: {e!r}"
+    if problem:
+        print(f"kvoracle check: the {label} adapter {problem}", file=sys.stderr)
         return 2
     if level != "engine":
         return check_machine_adapter(args, adapter, level, settings)
     seeds = list(range(args.seed, args.seed + args.seeds))
-    rows = []
-    for i, bad in enumerate((False, True)):
-        progress(sys.stderr, i, 2, f"{label}{' +bad input' if bad else ''}")
-        rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir or REPRO_DIR),
-                               Baseline.parse(args.expect) if args.expect else None))
-    progress(sys.stderr, 2, 2, "done")
+    campaigns = (False, True) if getattr(adapter, "bad_inputs") else (False,)  # bad input only where it has some
+    rows: list[EngineRow] = []
+    try:
+        for i, bad in enumerate(campaigns):
+            progress(sys.stderr, i, len(campaigns), f"{label}{' +bad input' if bad else ''}")
+            rows.append(run_engine(adapter, bad, seeds, args.examples, args.steps, Path(args.repro_dir or REPRO_DIR),
+                                   Baseline.parse(args.expect) if args.expect else None))
+    except KeyboardInterrupt:
+        if rows:  # what finished is not lost with the rest
+            end_progress(sys.stderr)
+            print(engine_table(rows) + f"\n\ninterrupted: {len(rows)} of {len(campaigns)} campaigns finished")
+        raise
+    progress(sys.stderr, len(campaigns), len(campaigns), "done")
     end_progress(sys.stderr)
     print(engine_table(rows))
     print_unchecked(adapter)
@@ -488,7 +501,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print(f"\n{r.target}: {r.result.violation}")
         print("\n".join(numbered(r.result)))
         if r.reproduction is not None:
-            print(standalone(r.reproduction, r.reproduces, r.result.first_id))
+            print(standalone(r.reproduction, r.reproduces, r.result.first_id, str(r.result.violation)))
     if args.json:
         write_json(args.json, [as_row(adapter, r) for r in rows])
     found = [r for r in rows if r.result.violation is not None]
@@ -513,14 +526,41 @@ def print_known(known: dict[str, int], where: str = "") -> None:
 CHECKER_IDS = ("VALID-INPUT", "BAD-INPUT", "REFINEMENT")
 
 
-def expect_problem(expect: Sequence[str]) -> str:
-    """The first --expect that names no ID a campaign can report ('' when all do): a typo
-    would otherwise let the known bug it meant go on failing, or hide nothing."""
+def expect_problem(expect: Sequence[str], level: str) -> str:
+    """The first --expect that names no ID a campaign can report, or no step the `level`'s
+    machine takes ('' when all do): a typo would otherwise let the known bug it meant go
+    on failing, or hide nothing."""
     from kvoracle.spec.properties import PROPERTIES
 
     valid = [*PROPERTIES, *CHECKER_IDS]
     wrong = next((e for e in expect if e.partition(":")[0] not in valid), None)
-    return "" if wrong is None else f"--expect {wrong}: no such ID; valid: {', '.join(valid)}"
+    if wrong is not None:
+        return f"--expect {wrong}: no such ID; valid: {', '.join(valid)}"
+    steps = step_names(level)
+    odd = next((e for e in expect if e.partition(":")[2] and not _is_step(e.partition(":")[2], steps)), None)
+    return "" if odd is None else (f"--expect {odd}: no step {odd.partition(':')[2]!r} at the {level} level; a STEP is "
+                                   f"what a finding's header names after 'after': {', '.join(sorted(steps))}, "
+                                   "drain, drain:CALL, bad_input:KIND")
+
+
+def step_names(level: str) -> set[str]:
+    """The steps a finding at `level` may name: its machine's rules and its adapter's calls."""
+    from kvoracle.oracle.cache_machine import CacheMachine
+    from kvoracle.oracle.engine_machine import EngineMachine
+    from kvoracle.oracle.engines import PROTOCOLS
+    from kvoracle.oracle.scheduler_machine import DiskMachine
+
+    machine = {"engine": EngineMachine, "cache": CacheMachine, "scheduler": DiskMachine}[level]  # DiskMachine: all the scheduler's rules
+    rules = {n for n in dir(machine) if hasattr(getattr(machine, n), "hypothesis_stateful_rule")}
+    protocol = PROTOCOLS[level]
+    return rules | {n for n, member in vars(protocol).items() if not n.startswith("_") and callable(member)}
+
+
+def _is_step(step: str, names: set[str]) -> bool:
+    head, _, call = step.partition(":")
+    kinds = {b.value for b in BadInput}
+    return (step in names or step == "drain" or (head == "drain" and call.isidentifier())
+            or (head == "bad_input" and call in kinds))
 
 
 def chosen_adapter(args: argparse.Namespace) -> tuple[type, str]:
@@ -551,7 +591,10 @@ def import_adapter(spec: str) -> type:
             sys.modules.pop(Path(where).stem, None)  # as Python's import does: no half-run module stays
             why = str(e) if isinstance(e, ImportError) else f"it raised {type(e).__name__}: {e}"
             raise ValueError(f"--adapter {spec}: cannot import {where}: {why}") from None
-    return load_adapter(spec)
+    try:
+        return load_adapter(spec)
+    except ValueError as e:
+        raise ValueError(f"--adapter {spec}: {e}") from None
 
 
 def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings) -> int:
@@ -669,7 +712,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         print("kvoracle prove: --partitions excludes --workers", file=sys.stderr)
         return 2
     if not args.no_crosshair and importlib.util.find_spec("crosshair") is None:  # else 14 rows say so
-        print("kvoracle prove: CrossHair is not installed: pip install 'kvoracle[dev]', or run with --no-crosshair",
+        print("kvoracle prove: CrossHair is not installed: pip install 'kvoracle[prove]' (crosshair-tool 0.0.113), or run with --no-crosshair",
               file=sys.stderr)
         return 2
     if args.compiled and args.ray:
@@ -739,12 +782,17 @@ def parser() -> argparse.ArgumentParser:
                         f"{watchdog.AFTER_HANG:g} s (default {watchdog.LIMIT[0]:g}; 0: no limit)")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
-    c.add_argument("--show", action="store_true", help="print each shrunk counterexample as numbered steps")
+    c.add_argument("--show", action="store_true",
+                   help="print each shrunk counterexample as numbered steps (the reference's targets; with --engine "
+                        "or --adapter they are always printed)")
     c.add_argument("--expect", action="append", default=[], metavar="ID[:STEP]",
-                   help="with --adapter: a known violation (anywhere, or after STEP only); a program that shows "
-                        "only known violations is counted as known and the campaign goes on (repeatable)")
+                   help="with --engine or --adapter: a known violation (anywhere, or after STEP only: the step a "
+                        "finding's header names, 'after STEP:', e.g. finish, drain:evict, bad_input:double_free); a "
+                        "program that shows only known violations is counted as known and the campaign goes on "
+                        "(repeatable)")
     c.add_argument("--workers", type=positive, default=1, metavar="N",
-                   help="run the targets on N processes (default 1); verdicts and counterexamples do not depend on N")
+                   help="run the reference's targets on N processes (default 1; not with --engine or --adapter, "
+                        "whose campaigns run one after the other); verdicts and counterexamples do not depend on N")
     c.add_argument("--ray", metavar="ADDRESS",
                    help="run the targets on the Ray cluster at ADDRESS ('local': start one on this machine; "
                         "needs the extra kvoracle[ray], and kvoracle installed on every node)")

@@ -21,6 +21,7 @@ the machine uses only that, and checks every invariant its observations allow.
 
 from __future__ import annotations
 
+import ast
 import enum
 import functools
 import sys
@@ -232,9 +233,16 @@ def not_free(o: Observation) -> int:
 
 
 @functools.lru_cache(maxsize=8192)
-def _compiled(source: str, where: str) -> CodeType:
-    """Engine calls repeat across a campaign's programs: compile each text once."""
-    return compile(source, where, "exec")
+def _compiled(source: str, where: str) -> tuple[CodeType, str]:
+    """Engine calls repeat across a campaign's programs: compile each text once. With it,
+    what the text gives back (Scripted.run): "value" for an expression, "_" for a
+    statement that binds `_`, "" for any other."""
+    try:
+        return compile(ast.parse(source, where, "eval"), where, "eval"), "value"
+    except SyntaxError:
+        tree = ast.parse(source, where, "exec")
+    binds = any(isinstance(n, ast.Name) and n.id == "_" and isinstance(n.ctx, ast.Store) for n in ast.walk(tree))
+    return compile(tree, where, "exec"), "_" if binds else ""
 
 
 def import_as(cls: type, alias: str) -> str:
@@ -274,7 +282,7 @@ class Scripted:
         self.lines: list[str] = []
         if Scripted.tee is not None:
             Scripted.tee.rewrite(self.script())
-        exec(_compiled(self.preamble, "<preamble>"), self.namespace)
+        exec(_compiled(self.preamble, "<preamble>")[0], self.namespace)
         self.bind()
 
     def given(self) -> dict[str, object]:
@@ -295,13 +303,18 @@ class Scripted:
         return adapter
 
     def run(self, statement: str) -> Any:
-        """Execute one statement (recorded); the value of `_` afterwards (engine values
-        are untyped here: the adapter knows what its engine returns)."""
+        """Execute one statement (recorded) and give back its value: an expression's
+        (`run("engine.admit('r0', tokens)")`), or what a statement bound to `_`
+        (`run("_ = engine.admit('r0', tokens)")`); None for any other statement (engine
+        values are untyped here: the adapter knows what its engine returns)."""
         self.lines.append(statement)
         if Scripted.tee is not None:
             Scripted.tee.rewrite(self.script())
-        exec(_compiled(statement, "<engine call>"), self.namespace)
-        return self.namespace.get("_")
+        code, gives = _compiled(statement, "<engine call>")
+        if gives == "value":
+            return eval(code, self.namespace)
+        exec(code, self.namespace)
+        return self.namespace.get("_") if gives == "_" else None
 
     def run_bad(self, statement: str) -> None:
         """A bad call. If the engine refuses it by raising, the exception propagates (the

@@ -30,7 +30,7 @@ class EngineRow:
     @property
     def confirmed(self) -> bool:
         """The reproduction fails standalone with the campaign's first violated ID."""
-        return confirms(self.reproduces, self.result.first_id)
+        return confirms(self.reproduces, self.result.first_id, str(self.result.violation))
 
     @property
     def verdict(self) -> str:

@@ -52,8 +52,14 @@ _REQUEST = re.compile(r"\brequest (r\d+)\b")
 _RANK = re.compile(r"^\[rank\d+\]:\s?")
 _SUPPRESSED = re.compile(r"^with suppress\(Exception\):[^\n]*\n    ", re.S)
 ENDED = "ProcessEnded"  # what a reproduction whose process was ended (no exception) failed with
-HUNG_SLACK = 30.0  # seconds a hang's reproduction gives its other calls beyond the step timeout
+HUNG_SLACK = 10.0  # at least: seconds a hang's reproduction gives its other calls beyond the step timeout (hung_limit)
 TRANSITIONS = ("LIVE-EXIT", "BAD-INPUT", "LIVE-EVICT", "LIVE-ADMIT", "LIVE-PROGRESS")  # judged on the last call: the view before it is kept
+
+
+def hung_limit() -> float:
+    """How long a hang's reproduction lets its calls run: the step timeout for the call that
+    hangs, as long again (HUNG_SLACK at least) for the others, none of which hung."""
+    return watchdog.LIMIT[0] + max(watchdog.LIMIT[0], HUNG_SLACK)
 
 
 def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], violation: PropertyViolated) -> str:
@@ -76,7 +82,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     body = ["# the engine calls of the shrunk program", *calls[:cut]]
     hung = watchdog.hung(violation)  # fail, not hang, while the engine has the bug
     if hung:
-        body[:0] = [f"watch({watchdog.LIMIT[0] + HUNG_SLACK:g})  # a call hung the engine: fail with EngineHung, "
+        body[:0] = [f"watch({hung_limit():g})  # a call hung the engine: fail with EngineHung, "
                     "not hang, once the calls below have run that long"]
     if pid in TRANSITIONS:
         body.append(f"_before = view_now({source!r}, globals(), live={live!r})")
@@ -185,7 +191,7 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     path.write_text(with_hash_seed(text, os.environ.get("PYTHONHASHSEED", "")), encoding="utf-8")
     silent = result.ended is not None and result.ended.silent > 0
     hung = silent or watchdog.hung(result.violation)  # it fails late (watch) or hangs: wait less
-    return path, run_reproduction(path, watchdog.LIMIT[0] + HUNG_SLACK + 60 if hung else 300)
+    return path, run_reproduction(path, hung_limit() + 60 if hung else 300)
 
 
 def _text(machine: type[RuleBasedStateMachine], result: RunResult, engine: str) -> str:
@@ -213,9 +219,10 @@ def with_hash_seed(text: str, seed: str) -> str:
     return "\n".join([*lines[:at], *pin, *lines[at:]])
 
 
-def standalone(path: Path, failure: str, first_id: str) -> str:
-    """The line that says what the reproduction did when it ran on its own."""
-    confirmed = (f"fails standalone with {failure}" if confirms(failure, first_id)
+def standalone(path: Path, failure: str, first_id: str, finding: str = "") -> str:
+    """The line that says what the reproduction did when it ran on its own (`finding`:
+    the campaign's violation, as confirms reads it)."""
+    confirmed = (f"fails standalone with {failure}" if confirms(failure, first_id, finding)
                  else f"does NOT fail standalone with {first_id}: {failure or 'it passes'}")
     return f"  reproduction: {path} ({confirmed})"
 
@@ -563,12 +570,20 @@ def _run_alone(path: Path, timeout: float) -> tuple[int | None, str]:
         return code, err.read().decode(errors="replace")
 
 
-def confirms(failure: str, first_id: str) -> bool:
+_RAISED = re.compile(r"raised (\w+)\(")  # the exception a VALID-INPUT finding quotes (violations.described)
+
+
+def confirms(failure: str, first_id: str, finding: str = "") -> bool:
     """What a reproduction failed with is the check of the property it was written for
-    (for a call that hung or ended the process, VALID-INPUT: the reproduction does too)."""
+    (for a call that hung or ended the process, VALID-INPUT: the reproduction does too);
+    for a VALID-INPUT `finding` that quotes what was raised, the same exception's class,
+    so that a reproduction failing for another reason (it cannot import the adapter, say)
+    confirms nothing."""
     bare = re.sub(r"^[\w.]*\.(?=EngineHung\b)", "", failure)  # kvoracle.oracle.watchdog.EngineHung: ... raised by watch
-    ended = first_id == "VALID-INPUT" and bare.startswith((watchdog.EngineHung.__name__, ENDED))
-    return ended or failure.startswith(f"AssertionError: {first_id}")
+    if first_id == "VALID-INPUT" and bare.startswith((watchdog.EngineHung.__name__, ENDED)):
+        return True
+    raised = _RAISED.search(finding) if first_id == "VALID-INPUT" else None
+    return failure.startswith(f"AssertionError: {first_id}") and (raised is None or raised.group(0) in failure)
 
 
 def header(text: str) -> tuple[str, str]:

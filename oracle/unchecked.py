@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvoracle.oracle.engine import Op
+
 # observation field -> what stays unchecked without it, and the tiers it is read on
 NEEDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("free", "INV-CONSERVE's free list and LIVE-DRAIN", ("GPU", "CPU")),
@@ -41,6 +43,10 @@ def unchecked(adapter: Any) -> list[str]:
         missing = [t for t in tiers if t in seen and getattr(seen[t], field) is None]
         if missing:
             gaps.append(f"{what}: no `{field}` in the {' and '.join(missing)} observation")
+    if Op.EVICT not in getattr(adapter, "operations", {Op.EVICT}):  # the engine machine's drain (engine_machine.drain)
+        gaps.append("LIVE-DRAIN's eviction: the adapter drives none (no Op.EVICT), so the drain counts the cached "
+                    "blocks nobody holds as freed" if seen["GPU"].cached is not None else
+                    "LIVE-DRAIN: the adapter drives no eviction (no Op.EVICT) and observes no `cached`")
     if not any(o.counters for o in seen.values()):
         gaps.append("INV-COUNTERS: no kept counters")
     return gaps

@@ -77,7 +77,7 @@ def build(say: Callable[[str], None] = lambda _: None) -> Path:
     """The directory holding the compiled copy of the package (built now if it is not
     there yet): a child process with it first on PYTHONPATH imports the compiled search."""
     if importlib.util.find_spec("mypyc") is None:
-        raise CompileError("mypyc is not installed: it ships with mypy (pip install 'kvoracle[dev]')")
+        raise CompileError("mypyc is not installed: it ships with mypy (pip install 'kvoracle[prove]')")
     package = _package()
     files = _sources(package)
     root = cache_root() / _key(package, files)

@@ -174,8 +174,14 @@ def inv_conserve(v: View) -> list[Violation]:
         for b in t.ids:
             who = claims.get(b, [])
             if len(who) != 1:
-                out.append(Violation("INV-CONSERVE", f"{t.name} block {b} is owned by {', '.join(who) or 'nobody'}"))
+                out.append(Violation("INV-CONSERVE", f"{t.name} block {b} is owned by {_owners_named(who)}"))
     return out
+
+
+def _owners_named(who: Sequence[str]) -> str:
+    """'nobody', or each owner once, with how many times it holds the block where more than once."""
+    times = Multiset(who)
+    return ", ".join(w if times[w] == 1 else f"{w} ({times[w]} times)" for w in dict.fromkeys(who)) or "nobody"
 
 
 # --- INV-REFCOUNT -------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_prove_without_crosshair_says_how_to_get_it(monkeypatch: pytest.MonkeyPa
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "crosshair", None)  # find_spec now finds nothing
     err = refused(["prove", "--scope", "quick"], capsys)
-    assert "CrossHair is not installed: pip install 'kvoracle[dev]', or run with --no-crosshair" in err
+    assert "CrossHair is not installed: pip install 'kvoracle[prove]' (crosshair-tool 0.0.113), or run with --no-crosshair" in err
 
 
 @pytest.mark.parametrize("argv", [
@@ -167,7 +167,8 @@ def test_a_missing_engine_names_the_releases_its_adapter_drives(monkeypatch: pyt
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)
     err = refused(["check", "--engine", "vllm"], capsys)
-    assert "pip install 'vllm>=0.15.1,<=" in err and "from a kvoracle checkout, `make engines`" in err
+    assert "--engine vllm: its package, vllm, is not installed in this Python" in err
+    assert "pip install 'vllm>=0." in err and "from a kvoracle checkout, `make engines`" in err
     monkeypatch.setitem(sys.modules, "sglang", None)
     assert "pip install 'sglang>=0.5.5.post3,<=" in refused(["check", "--engine", "sglang"], capsys)
 
@@ -253,5 +254,140 @@ def test_a_program_says_which_of_its_steps_made_the_call_after_which_the_check_f
     assert cli.numbered(result("evict_gpu")) == [
         "  1. commit(i=0)", "  2. grow(i=0, token=1)   (the check fired after its call evict_gpu)"]
     assert cli.numbered(result("grow"))[-1] == "  2. grow(i=0, token=1)"  # the step's own call: nothing to add
-    assert cli.numbered(result("drain:evict"))[-1] == "  2. grow(i=0, token=1)"  # after the program, as its header says
+    assert cli.numbered(result("drain:finish"))[-2:] == [  # after the program: the drain's own call, not a step's
+        "  2. grow(i=0, token=1)", "  then the drain at the end (the check fired there, after its finish)"]
+    assert cli.numbered(result("drain"))[-1] == "  then the drain at the end (the check fired there)"
     assert cli.numbered(result("token"))[-1] == "  2. grow(i=0, token=1)"  # named in the step (bad_input's kind)
+    assert cli.numbered(result("the program"))[-1] == "  2. grow(i=0, token=1)"  # no call to name
+
+
+MINIMAL = '''
+from kvoracle.oracle.engine import NoRoom, Observation, Op, Scripted
+from sibling_engine import Engine
+
+
+class Minimal(Scripted):
+    """admit and finish only: no assertions, no bad inputs, no bad_input method."""
+    name = "minimal"
+    block_size = 2
+    operations = frozenset({Op.ADMIT, Op.FINISH})
+    bad_inputs = frozenset()
+    preamble = "from sibling_engine import Engine\\nengine = Engine()\\n"
+
+    def bind(self):
+        self.engine = self.namespace["engine"]
+
+    def admit(self, rid, tokens):
+        if not self.run(f"engine.admit({rid!r}, {len(tokens)})"):
+            raise NoRoom(rid)
+        return 0
+
+    def finish(self, rid):
+        self.run(f"engine.finish({rid!r})")
+
+    def observe(self):
+        return Observation(ids=range(8), free=tuple(self.engine.free), tables=dict(self.engine.tables),
+                           cached=frozenset())
+'''
+SIBLING = '''
+class Engine:
+    """Blocks without a prefix cache: a request's blocks come back at finish."""
+    def __init__(self):
+        self.free, self.tables = list(range(8)), {}
+
+    def admit(self, rid, tokens):
+        need = -(-tokens // 2)
+        if need > len(self.free):
+            return False
+        self.tables[rid], self.free = tuple(self.free[:need]), self.free[need:]
+        return True
+
+    def finish(self, rid):
+        self.free += self.tables.pop(rid)
+'''
+
+
+@pytest.fixture
+def minimal(tmp_path: Path) -> Path:
+    """An adapter file that imports an engine module beside it."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "sibling_engine.py").write_text(SIBLING)
+    (folder / "minimal_adapter.py").write_text(MINIMAL)
+    return folder / "minimal_adapter.py"
+
+
+def test_an_adapter_needs_neither_assertions_nor_bad_input_and_finds_its_siblings(
+        minimal: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run from another directory: the adapter's file imports the engine module beside it.
+    No bad inputs declared: one campaign, no '+bad input' row. No evict: the drain counts
+    what the cache holds idle (here nothing), and a correct engine passes."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--adapter", f"{minimal}:Minimal", *TINY, "--repro-dir", str(tmp_path / "repro")]) == 0
+    out = capsys.readouterr().out
+    assert "minimal: 0 of 1 campaigns found a violation" in out and "+bad input" not in out
+    assert "LIVE-DRAIN's eviction: the adapter drives none" in out
+
+
+@pytest.mark.parametrize("change, says", [
+    ("operations = [Op.ADMIT, Op.FINISH]", "operations must be a frozenset of Op members"),
+    ("operations = frozenset({'admit', 'finish'})", "operations must be a frozenset of Op members"),
+    ("operations = frozenset({Op.ADMIT})", "operations must include Op.FINISH"),
+    ("operations = frozenset({Op.ADMIT, Op.FINISH, Op.GROW})", "operations declares Op.GROW but the class has no grow()"),
+    ("block_size = 0", "block_size must be an int of at least 1, not 0"),
+    ("bad_inputs = ()", "bad_inputs must be a frozenset of BadInput members, not ()"),
+])
+def test_what_an_adapter_declares_is_checked_before_any_campaign(change: str, says: str, minimal: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistake in the declarations used to surface as a finding against the engine."""
+    key = change.split(" = ")[0]
+    text = minimal.read_text()
+    start = text.index(f"    {key} = ")
+    minimal.write_text(text[:start] + f"    {change}\n" + text[text.index("\n", start) + 1:])
+    err = refused(["check", "--adapter", f"{minimal}:Minimal"], capsys)
+    assert f"--adapter {minimal}:Minimal: Minimal: {says}" in err
+
+
+def test_an_observation_that_is_not_one_is_refused_before_any_campaign(minimal: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    minimal.write_text(minimal.read_text().replace("return Observation(", "return dict("))
+    err = refused(["check", "--adapter", f"{minimal}:Minimal"], capsys)
+    assert "the minimal adapter its observe() returned a dict, not an Observation" in err
+
+
+def test_ctrl_c_in_an_adapters_campaigns_keeps_the_finished_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from kvoracle.oracle import engine_campaign
+
+    campaigns, run_engine = iter([True]), engine_campaign.run_engine
+
+    def then_ctrl_c(*args: Any, **kwargs: Any) -> Any:
+        if next(campaigns, False):
+            return run_engine(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_campaign, "run_engine", then_ctrl_c)
+    assert main(["check", "--adapter", TOY, *TINY, "--repro-dir", str(tmp_path)]) == 130
+    out = capsys.readouterr().out
+    assert "toy " in out and "interrupted: 1 of 2 campaigns finished" in out
+
+
+def test_an_expected_step_must_be_one_the_machine_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["check", "--adapter", TOY, "--expect", "INV-CONSERVE:3"], capsys)
+    assert "--expect INV-CONSERVE:3: no step '3' at the engine level" in err and "finish" in err
+    assert "no step 'bogus'" in refused(["check", "--adapter", TOY, "--expect", "INV-PIN:bogus"], capsys)
+    for fine in ("INV-CONSERVE:finish", "INV-CONSERVE:drain:evict", "BAD-INPUT:bad_input:double_finish"):
+        assert cli.expect_problem([fine], "engine") == ""
+    assert cli.expect_problem(["INV-PIN:evict_gpu"], "cache") == ""  # a call a cache rule makes
+    assert cli.expect_problem(["INV-PIN:damage"], "scheduler") == ""  # the disk machine's rule
+
+
+def test_a_reproduction_that_raises_something_else_confirms_no_valid_input_finding() -> None:
+    from kvoracle.oracle.findings import confirms
+
+    finding = "after evict:\n  VALID-INPUT: the run raised TypeError(\"unsupported operand\")"
+    assert confirms("AssertionError: VALID-INPUT: the engine raised TypeError('unsupported operand')",
+                    "VALID-INPUT", finding)
+    assert not confirms("AssertionError: VALID-INPUT: the engine raised ModuleNotFoundError(\"No module named 'x'\")",
+                        "VALID-INPUT", finding)
+    assert confirms("AssertionError: INV-CONSERVE: GPU block 2 is owned by nobody", "INV-CONSERVE", "INV-CONSERVE: x")

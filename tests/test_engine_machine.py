@@ -106,7 +106,7 @@ def test_unavailable_engine_says_how_to_get_it() -> None:
         pytest.skip("every engine is importable here")
     for name in missing:
         e = ENGINES[name]
-        with pytest.raises(EngineUnavailable, match=f"{e.requires} {e.version}"):
+        with pytest.raises(EngineUnavailable, match=f"its package, {e.requires}, is not installed"):
             adapter_class(name)
     with pytest.raises(KeyError, match="no engine named"):
         adapter_class("nonesuch")
@@ -229,3 +229,41 @@ def test_a_finding_whose_reproduction_cannot_be_written_is_still_reported(tmp_pa
     assert row.result.first_id == "INV-COUNTERS" and not row.confirmed
     assert row.reproduces == "the reproduction could not be written: RuntimeError('the adapter cannot write its calls')"
     assert row.reproduction is not None and "raise SystemExit(" in row.reproduction.read_text()
+
+
+def test_an_adapter_that_drives_no_eviction_is_drained_by_what_it_calls_evictable() -> None:
+    """Without Op.EVICT the drain cannot evict: the cached blocks nobody holds count as
+    freed (a correct engine passes: it failed LIVE-DRAIN on every program), and
+    the `not checked:` lines say so."""
+    from kvoracle.oracle.unchecked import unchecked
+
+    no_evict = type("NoEvict", (ReferenceAdapter,), {"operations": ReferenceAdapter.operations - {Op.EVICT}})
+    result = run_machine(engine_machine(no_evict, False), seed_value=0, examples=40, steps=30)
+    assert result.passed, result.violation
+    assert any(line.startswith("LIVE-DRAIN's eviction: the adapter drives none") for line in unchecked(no_evict()))
+    assert not any("LIVE-DRAIN" in line for line in unchecked(ReferenceAdapter()))
+
+
+def test_the_drain_without_eviction_still_finds_a_block_nobody_can_free() -> None:
+    from kvoracle.oracle.engine_machine import evicted
+
+    seen = Observation(ids=range(5), free=(0,), evictable=(1,), tables={}, cached=frozenset({1, 2, 3}),
+                       refcounts={1: 0, 2: 0, 3: 1})
+    assert evicted(seen).free == (0, 1, 2)  # 2 is 1's parent: free once 1 is evicted
+    assert drained(view_of(evicted(seen))) == drained(view_of(Observation(ids=range(5), free=(0, 1, 2))))
+    assert drained(view_of(evicted(seen)))  # 3 is still referenced, 4 is lost: neither is freed
+    assert evicted(Observation(ids=range(4), free=(0,), evictable=(1,))).free is None  # no `cached`: not judged
+
+
+def test_run_gives_back_an_expressions_value_or_what_the_statement_bound_to_underscore() -> None:
+    from kvoracle.oracle.engine import Scripted
+
+    class Calls(Scripted):
+        preamble = "x = 1\n"
+
+    adapter = Calls()
+    assert adapter.run("x + 1") == 2
+    assert adapter.run("_ = x + 2") == 3
+    assert adapter.run("y = 5") is None  # not the 3 a statement before it bound to `_`
+    assert adapter.run("_ + 1") == 4  # `_` stays bound for the statements that read it
+    assert adapter.script()[1:] == ["x + 1", "_ = x + 2", "y = 5", "_ + 1"]

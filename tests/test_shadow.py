@@ -391,6 +391,81 @@ def test_an_engine_this_python_lacks_is_named_not_passed_in_silence(pytester: py
                                                           "kvoracle_absent_engine, is not installed in this Python)"])
 
 
+class LateObserver(ToyObserver):
+    """The toy engine under a top-level module that only the tests put on sys.path."""
+
+    classes = ("late_engine:Engine",)
+
+
+LATE_TESTS = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engines"))  # as a suite finds its engine
+from late_engine import Engine
+
+
+def test_the_planted_bug():
+    e = Engine(blocks=6, block_size=2)
+    e.admit("a", [1, 2, 3, 4]); e.finish("a"); e.evict(2); e.admit("b", [7]); e.admit("c", [1, 2, 3, 4])
+"""
+
+
+def test_an_engine_the_tests_put_on_sys_path_is_watched_and_not_called_missing(tmp_path: Path) -> None:
+    """The observer's class is in a top-level module ("late_engine:Engine") that is not
+    importable when the plugin starts: the tests insert its directory. It is watched, and
+    the summary must not say its package is missing."""
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "late_engine.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(EXAMPLES)!r})\nfrom toy_engine import ToyEngine\n\n\n"
+        "class Engine(ToyEngine):\n    pass\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_late.py").write_text(LATE_TESTS)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kvoracle.shadow",
+                           "--kvoracle-shadow", f"{Path(__file__).resolve()}:LateObserver", "--kvoracle-shadow-dir",
+                           str(tmp_path / "repro"), "tests"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "1 engine object(s)" in done.stdout and "INV-NO-UAF" in done.stdout, done.stdout[-3000:] + done.stderr
+    assert "not watched" not in done.stdout, done.stdout[-3000:]
+    assert done.returncode == 1
+
+
+def test_not_watched_names_only_a_package_missing_when_the_summary_is_made() -> None:
+    tally = shadow.Tally(watching=["kvoracle_absent_engine.core", "toy_engine", "json.decoder", "json.decoder"])
+    assert tally.unwatched == ["kvoracle_absent_engine.core"]
+    assert "not watched: kvoracle_absent_engine.core (its package" in tally.summary()
+    assert "toy_engine" not in tally.summary() and "json" not in tally.summary()
+
+
+class BlindToyObserver(ToyObserver):
+    """The toy seen by an observer that cannot say which blocks a call changed."""
+
+    def after(self, call: Invocation, token: object, result: object) -> Collection[int] | None:
+        return None
+
+
+def test_an_audit_alarm_names_the_call_it_follows_and_unknown_blocks_go_unsaid(tmp_path: Path) -> None:
+    """The audit's alarm said `after: #3 audit()` where #3 was engine.evict in its
+    history, and every call of an observer that cannot name blocks said `[blocks ?]`."""
+    e = leaky_toy()
+    s = attach(e, engine=BlindToyObserver, mode="record", interval=100, report_dir=tmp_path)
+    e.admit("a", [1, 2, 3])
+    e.finish("a")
+    e.evict(8)
+    drain = next(a for a in s.audit() if a.id == "LIVE-DRAIN")
+    report = drain.report()
+    assert "  after:   audit(), after call #3 engine.evict(8) -> 1\n" in report, report
+    assert [str(c) for c in drain.history] == ["#1 engine.admit('a', [1, 2, 3]) -> True",
+                                               "#2 engine.finish('a') -> None", "#3 engine.evict(8) -> 1"]
+    assert "#3 audit" not in report and "?" not in report, report
+    assert drain.reproduction is not None
+    assert "at the audit(), after call #3 engine.evict(8)" in Path(drain.reproduction).read_text()
+    # an audit before any call; an observer that can say keeps its blocks in the text
+    assert str(shadow.Call(0, "audit", "", "", None, audit=True)) == "audit(), before any call"
+    seen = ToyEngine(blocks=6, block_size=2)
+    seeing = attach(seen, engine=ToyObserver, mode="record")
+    seen.admit("a", [1, 2, 3])
+    assert str(seeing.history()[0]) == "#1 engine.admit('a', [1, 2, 3]) -> True  [blocks 4, 5]"
+
+
 def test_a_misspelt_engine_is_a_usage_error_everywhere(pytester: pytest.Pytester, tmp_path: Path) -> None:
     result = pytester.runpytest_inprocess("-p", "kvoracle.shadow", "--kvoracle-shadow", "vlm", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kvoracle.oracle.engine import EngineAdapter
+from kvoracle.oracle.engine import BadInput, EngineAdapter, Observation, Op
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.tiered import TieredAdapter
 
@@ -83,7 +83,7 @@ def adapter_class(name: str) -> type[EngineAdapter]:
         raise KeyError(f"no engine named {name!r}; known: {', '.join(ENGINES)}")
     e = ENGINES[name]
     if importlib.util.find_spec(e.requires) is None:
-        raise EngineUnavailable(f"{name} ({e.requires} {e.version}) is not importable in this Python; "
+        raise EngineUnavailable(f"its package, {e.requires}, is not installed in this Python; "
                                 f"{how_to_get(e)}")
     cls: type[EngineAdapter] = getattr(importlib.import_module(e.module), e.adapter)
     return cls
@@ -106,11 +106,11 @@ def load_adapter(spec: str) -> type:
     """Your own adapter: `package.module:Class` or `path/to/file.py:Class`."""
     where, sep, cls_name = spec.rpartition(":")
     if not sep or not where or not cls_name:
-        raise ValueError(f"--adapter wants MODULE:CLASS or FILE.py:CLASS, got {spec!r}")
+        raise ValueError(f"an adapter is named MODULE:CLASS or FILE.py:CLASS, not {spec!r}")
     module = file_module(Path(where)) if where.endswith(".py") else importlib.import_module(where)
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
-        raise ValueError(f"--adapter: {where} has no class {cls_name}")
+        raise ValueError(f"{where} has no class {cls_name}")
     if where.endswith(".py"):  # a reproduction finds it again by this, from anywhere
         setattr(cls, "kvoracle_source", f"{Path(where).resolve()}:{cls_name}")
     protocol_of(cls)  # raises, naming what is missing
@@ -122,10 +122,13 @@ def file_module(where: str | Path) -> ModuleType:
     class of it that a reproduction builds its engine from)."""
     path = Path(where)
     if not path.is_file():
-        raise ValueError(f"--adapter: no file {path}")
+        raise ValueError(f"no file {path}")
     loaded = sys.modules.get(path.stem)
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
         return loaded
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # it may import the files beside it (last: none of them hides a module kvoracle uses)
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -135,8 +138,10 @@ def file_module(where: str | Path) -> ModuleType:
     return module
 
 
-def _members(protocol: type) -> set[str]:
-    optional = {"prefill", "grow", "evict"} if protocol is EngineAdapter else set()
+def _members(protocol: type, cls: type) -> set[str]:
+    optional = set()
+    if protocol is EngineAdapter:  # assertions and the per-operation methods may be left out
+        optional = {"prefill", "grow", "evict", "assertions"} | (set() if getattr(cls, "bad_inputs", None) else {"bad_input"})
     return {n for n in [*vars(protocol), *protocol.__annotations__] if not n.startswith("_")} - optional
 
 
@@ -147,10 +152,47 @@ def protocol_of(cls: type) -> str:
     """Which adapter Protocol `cls` implements: "engine" (oracle.engine, the engine
     machine), "cache" (oracle.tiered, the cache machine) or "scheduler" (oracle.serving,
     the scheduler machine)."""
-    missing = {level: sorted(n for n in _members(p) if not hasattr(cls, n)) for level, p in PROTOCOLS.items()}
+    missing = {level: sorted(n for n in _members(p, cls) if not hasattr(cls, n)) for level, p in PROTOCOLS.items()}
     for level, lacks in missing.items():
         if not lacks:
+            if level == "engine":
+                _check_declarations(cls)
             return level
     level, lacks = min(missing.items(), key=lambda kv: len(kv[1]))
-    raise ValueError(f"--adapter: {cls.__name__} lacks {', '.join(lacks)} of the {PROTOCOLS[level].__name__} "
+    raise ValueError(f"{cls.__name__} lacks {', '.join(lacks)} of the {PROTOCOLS[level].__name__} "
                      f"Protocol (the closest of {', '.join(p.__name__ for p in PROTOCOLS.values())})")
+
+
+def _check_declarations(cls: type) -> None:
+    """What an engine adapter declares, checked before any campaign: a mistake here would
+    otherwise surface as a finding against the engine."""
+    name, size, ops, bad = (getattr(cls, n) for n in ("name", "block_size", "operations", "bad_inputs"))
+    wrong = []
+    if not isinstance(name, str) or not name:
+        wrong.append(f"name must be a non-empty str, not {name!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        wrong.append(f"block_size must be an int of at least 1, not {size!r}")
+    if not isinstance(ops, (set, frozenset)) or not all(isinstance(op, Op) for op in ops):
+        wrong.append(f"operations must be a frozenset of Op members (Op.ADMIT, ...), not {ops!r}")
+    else:
+        needed = [op.value for op in (Op.ADMIT, Op.FINISH) if op not in ops]
+        if needed:
+            wrong.append(f"operations must include {', '.join(f'Op.{v.upper()}' for v in needed)}")
+        wrong += [f"operations declares Op.{op.name} but the class has no {op.value}()" for op in sorted(
+            ops, key=lambda o: o.value) if not hasattr(cls, op.value)]
+    if not isinstance(bad, (set, frozenset)) or not all(isinstance(b, BadInput) for b in bad):
+        wrong.append(f"bad_inputs must be a frozenset of BadInput members, not {bad!r}")
+    if wrong:
+        raise ValueError(f"{cls.__name__}: {'; '.join(wrong)}")
+
+
+def built_problem(adapter: object) -> str:
+    """What is wrong with an adapter just built, before a campaign drives it ('' : nothing):
+    its observation must be an Observation."""
+    try:
+        seen = getattr(adapter, "observe")()
+    except Exception as e:  # noqa: BLE001 - the adapter's own error, reported as such
+        return f"its observe() raised {e!r}"
+    if not isinstance(seen, Observation):
+        return f"its observe() returned a {type(seen).__name__}, not an Observation (oracle.engine.Observation)"
+    return ""
