@@ -1,7 +1,7 @@
 """An engine's own test file that runs kvoracle's request-level machine on its adapter.
 
 Copy it next to your tests; with kvoracle installed (its wheel: README, "Installing it"), `pytest`
-collects TestToyEngine like any other TestCase. docs/engines.md, "In your test suite".
+collects TestToyEngine like any other TestCase. docs/engines.md, "In your own test suite".
 """
 
 from __future__ import annotations
