@@ -14,7 +14,6 @@ options only, and no test unless --kvoracle-adapter is given.
 
 from __future__ import annotations
 
-import argparse
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,11 @@ import pytest
 
 
 def _count(text: str) -> int:
-    """A count of at least one (a usage error otherwise, as `kvoracle check` says)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
+    """A count of at least one, as `kvoracle check` reads it (a usage error otherwise); the
+    command line's module loads only when the option is given."""
+    from kvoracle.oracle.cli import positive
+
+    return positive(text)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
