@@ -50,6 +50,9 @@ class Op(enum.Enum):
     EVICT = "evict"
 
 
+REQUIRED_OPS = (Op.ADMIT, Op.FINISH)  # every engine adapter supports these; the others are optional
+
+
 class BadInput(enum.Enum):
     """Each adapter declares the kinds it can make; the machines draw only those."""
 

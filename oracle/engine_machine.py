@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
+from kvoracle.oracle.engine import REQUEST_LEVEL, REQUIRED_OPS, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
 from kvoracle.oracle.violations import STOPS, PropertyViolated, described
 from kvoracle.spec.invariants import Violation
@@ -45,7 +45,7 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         watchdog.kick()  # building the engine is watched too
         self.adapter = type(self).make_adapter()
-        missing = {Op.ADMIT, Op.FINISH} - self.adapter.operations
+        missing = set(REQUIRED_OPS) - self.adapter.operations
         if missing:
             raise TypeError(f"{self.adapter.name}: an adapter must support {sorted(op.value for op in missing)}")
         self.live: dict[str, int] = {}  # request -> tokens held (computed)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kvoracle.oracle.engine import BadInput, EngineAdapter, Observation, Op
+from kvoracle.oracle.engine import REQUIRED_OPS, BadInput, EngineAdapter, Observation, Op
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.tiered import TieredAdapter
 
@@ -175,7 +175,7 @@ def _check_declarations(cls: type) -> None:
     if not isinstance(ops, (set, frozenset)) or not all(isinstance(op, Op) for op in ops):
         wrong.append(f"operations must be a frozenset of Op members (Op.ADMIT, ...), not {ops!r}")
     else:
-        needed = [op.value for op in (Op.ADMIT, Op.FINISH) if op not in ops]
+        needed = [op.value for op in REQUIRED_OPS if op not in ops]
         if needed:
             wrong.append(f"operations must include {', '.join(f'Op.{v.upper()}' for v in needed)}")
         wrong += [f"operations declares Op.{op.name} but the class has no {op.value}()" for op in sorted(
