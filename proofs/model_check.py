@@ -8,8 +8,9 @@ first appearance in a fixed traversal (interchangeable free blocks collapse), tr
 ids are renumbered densely and time is kept as each transfer's age. That is the
 symmetry reduction; requests have distinct prompts, so they are not interchangeable.
 What nothing reads any more is left out of the key: how an exited request exited and
-what it had computed, and a queued request's computed count (`_life`); states that
-differ only there are bisimilar, and the search explores one of each class.
+what it had computed, a queued request's computed count (`_life`), and whether a block
+no live request can reach any more is in storage (`_dead`). States that differ only
+there are bisimilar, and the search explores one of each class.
 
 Checked in every reachable state: every safety property that has a meaning on the
 abstract state (all but INV-COUNTERS, which judges an implementation's counters, and
@@ -21,6 +22,7 @@ On every step that ends requests: LIVE-EXIT. A violation prints a shortest trace
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import time
@@ -35,7 +37,7 @@ from kvoracle.spec.actions import Evict, PreconditionError, SkipStale
 from kvoracle.spec.frozen import replace
 from kvoracle.spec.invariants import Violation, check
 from kvoracle.spec.next import Next, Scope, Step, describe, evicts, exiting, init
-from kvoracle.spec.scheduler import Exit
+from kvoracle.spec.scheduler import Exit, full_hashes
 from kvoracle.spec.state import (
     EXITED,
     QUEUED,
@@ -52,6 +54,7 @@ from kvoracle.spec.state import (
     evictable_nodes,
 )
 from kvoracle.spec.types import (
+    BlockHash,
     CpuBlock,
     GpuBlock,
     OnCpu,
@@ -164,9 +167,35 @@ def _encode(s: System) -> tuple[tuple[object, ...], Names, Names]:
     trs = tuple([(_transfer(c.transfers[t], g, k), s.now - s.started.get(t, s.now)) for t in sorted(c.transfers)])
     pins = (frozenset([(g(b), n) for b, n in c.gpu_pins.items()]),
             frozenset([(k(b), n) for b, n in c.cpu_pins.items()]))
-    life = tuple([_life(r, q) for r, q in sorted(s.requests.items())])
+    requests = sorted(s.requests.items())
+    life = tuple([_life(r, q) for r, q in requests])
     heaps = tuple(map(frozenset, (c.gpu_heap.entries, c.gpu_heap.flagged, c.cpu_heap.entries, c.cpu_heap.flagged)))
-    return (life, nodes, reqs, trs, c.stored, pins, heaps), gpu, cpu
+    stored = c.stored - _dead(tuple([(q.tokens, q.status in EXITED) for _, q in requests]), s.block_size)
+    return (life, nodes, reqs, trs, stored, pins, heaps), gpu, cpu
+
+
+@functools.lru_cache(maxsize=4096)
+def _dead(requests: tuple[tuple[tuple[int, ...], bool], ...], block_size: int) -> frozenset[BlockHash]:
+    """The block hashes of these requests (their tokens, whether they exited) that no
+    request still live can ever have in its chain: a request's tokens only grow, so a
+    block whose tokens neither extend a live request's nor are extended by them is out
+    of every live request's reach for ever. Whether such a block is in storage changes
+    no step (only admission, of a live request, and an exit's write, of its own blocks,
+    read storage) and no property (none reads it), so the key leaves it out."""
+    live = [tokens for tokens, exited in requests if not exited]
+    dead = set()
+    for tokens, _ in requests:
+        for i, h in enumerate(full_hashes(tokens, block_size)):
+            prefix = tokens[: (i + 1) * block_size]
+            if not any(_along(prefix, other) for other in live):
+                dead.add(h)
+    return frozenset(dead)
+
+
+def _along(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether one of a and b starts the other."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
 
 
 def _life(r: RequestId, q: Request) -> tuple[object, ...]:
