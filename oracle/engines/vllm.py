@@ -21,8 +21,8 @@ from typing import Any
 
 from kvoracle.oracle.engine import BadInput, NoRoom, Observation, Op, Scripted
 from kvoracle.oracle.engines import require_release
-from kvoracle.oracle.engines.vllm_connector import (CPU_ENGINE, CPU_PLATFORM, DECODER_ONLY, EVICT_BLOCKS_FROM, NEWEST,
-                                                    REQUEST_ARGS, vllm_version)
+from kvoracle.oracle.engines.vllm_connector import (CPU_PLATFORM, DECODER_ONLY, NEWEST, REQUEST_ARGS, cpu_engine,
+                                                    evict_cached, vllm_version)
 
 BLOCK = 4
 NUM_BLOCKS = 7  # the null block and 6 usable
@@ -49,8 +49,6 @@ PREFIX_BOUNDARY_FROM = (0, 26, 0)
 # by key, which leaves the refused request an empty list there until it is admitted or freed. An
 # empty list holds no block: the observation leaves it out on those releases only.
 NO_EMPTY_ENTRY_FROM = (0, 14, 0)
-# BlockPool.evict_blocks came in 0.13.0 (EVICT_BLOCKS_FROM, the connector adapter's): before it,
-# the adapter's evict runs what that method runs for each id, BlockPool._maybe_evict_cached_block.
 
 
 def common(block: int, blocks: int, max_len: int) -> str:
@@ -127,7 +125,7 @@ def grow(req, tokens):
     else:
         req.num_computed_tokens = req.num_tokens
     return got
-"""
+""" + evict_cached(vllm)
 
 
 PREAMBLE = manager_preamble()
@@ -152,13 +150,13 @@ def held_tables(tables: Any) -> dict[str, tuple[int, ...]]:
     return {rid: tuple(b.block_id for b in blocks) for rid, blocks in tables.items() if blocks or not empty}
 
 
-# The full Scheduler needs a model config but no weights: the tiny Llama of CPU_ENGINE, no
+# The full Scheduler needs a model config but no weights: the tiny Llama of cpu_engine, no
 # tokenizer, and the KV cache size given by hand.
 SCHEDULER_PREAMBLE = """\
 import json, logging, os, tempfile
 os.environ.update(HF_HUB_OFFLINE="1")
 logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
-""" + CPU_ENGINE + common(BLOCK, NUM_BLOCKS, MAX_LEN) + CPU_PLATFORM + f"""
+""" + cpu_engine(vllm_version() or NEWEST) + common(BLOCK, NUM_BLOCKS, MAX_LEN) + CPU_PLATFORM + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -182,7 +180,7 @@ def step(token=1):  # one engine step: schedule, then every scheduled request sa
     ids = list(out.num_scheduled_tokens)
     ran = runner_output(ids, [[token] for _ in ids])
     sched.update_from_output(out, ran)
-"""
+""" + evict_cached(vllm_version() or NEWEST)
 
 ASSERTIONS = """\
 # kvoracle's checks, in vLLM's own terms
@@ -243,10 +241,7 @@ class VllmAdapter(Scripted):
         idle = [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None]
         if not idle:
             return 0
-        if installed() >= EVICT_BLOCKS_FROM:
-            self.run(f"pool.evict_blocks({set(idle[:blocks])})")
-        else:
-            self.run(f"for _b in {idle[:blocks]}: pool._maybe_evict_cached_block(pool.blocks[_b])")
+        self.run(f"evict_cached({idle[:blocks]})")
         return len(idle[:blocks])
 
     def bad_input(self, kind: BadInput, rid: str | None) -> bool:

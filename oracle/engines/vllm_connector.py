@@ -118,6 +118,15 @@ FINISHED_ERROR_FROM = (0, 13, 0)  # RequestStatus.FINISHED_ERROR
 # cached block is what that method runs for each id, BlockPool._maybe_evict_cached_block.
 EVICT_BLOCKS_FROM = (0, 13, 0)
 
+
+def evict_cached(vllm: tuple[int, ...]) -> str:
+    """Script text for release `vllm`: `evict_cached(ids)` evicts those cached blocks of
+    the script's `pool` (both vLLM adapters' preambles hold it)."""
+    if vllm >= EVICT_BLOCKS_FROM:
+        return "\n\ndef evict_cached(ids):\n    pool.evict_blocks(set(ids))\n"
+    return ("\n\ndef evict_cached(ids):  # what evict_blocks runs for each id (EVICT_BLOCKS_FROM)\n"
+            "    for b in ids:\n        pool._maybe_evict_cached_block(pool.blocks[b])\n")
+
 # vLLM on the CPU platform, whatever the build: releases before 0.2x pick it only for a "+cpu"
 # build of vLLM, and releases <= 0.17 probe a torch function 2.13 dropped. Shared by both vLLM
 # adapters' preambles (after VLLM_TARGET_DEVICE is set).
@@ -170,7 +179,8 @@ _request_args = {"eos_token_id": None} if "eos_token_id" in inspect.signature(Re
 
 # An engine on the CPU: the tiny model (a Llama config.json, no weights, no tokenizer, in one
 # folder that every engine process shares, written whole and renamed into place so that no
-# process reads half of it), its VllmConfig, and what its model runner returns.
+# process reads half of it), its VllmConfig, and what its model runner returns (`cpu_engine`
+# puts the release's gates before it).
 CPU_ENGINE = """
 model = os.path.join(tempfile.gettempdir(), "kvoracle-tiny-llama")
 os.makedirs(model, exist_ok=True)
@@ -183,10 +193,9 @@ os.replace(f.name, os.path.join(model, "config.json"))
 
 
 def cpu_vllm_config(**parts):
-    # 0.34 refuses an x86 CPU without Triton, which only its model runner needs (none runs
-    # here): while the config is checked, Triton counts as present (older releases as they are).
-    import vllm
-    if tuple(int(x) for x in vllm.__version__.split(".")[:2]) < (0, 34):
+    # TRITON_REQUIRED: the release refuses an x86 CPU without Triton, which only its model
+    # runner needs (none runs here): while the config is checked, Triton counts as present.
+    if not TRITON_REQUIRED:
         return VllmConfig(**parts)
     import vllm.triton_utils as triton_utils
     had, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
@@ -198,14 +207,11 @@ def cpu_vllm_config(**parts):
 
 def runner_output(ids, sampled):
     # What the model runner returns for the scheduled requests `ids` (0.34 dropped
-    # req_id_to_index: a request's index is its place in req_ids; up to 0.13 logprobs,
-    # prompt_logprobs_dict and pooler_output are required, none of them defaulted before 0.14.0;
-    # up to 0.11 a request's sampled tokens are a numpy array, lists from 0.12.0).
-    import vllm
+    # req_id_to_index: a request's index is its place in req_ids; RUNNER_DEFAULTS and
+    # LIST_TOKENS: the gates of the same names).
     from vllm.v1.outputs import ModelRunnerOutput
-    release = tuple(int(x) for x in vllm.__version__.split(".")[:2])
-    if release < (0, 14):
-        if release < (0, 12):
+    if not RUNNER_DEFAULTS:
+        if not LIST_TOKENS:
             import numpy
             sampled = [numpy.array(tokens, dtype=numpy.int64) for tokens in sampled]
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -216,8 +222,20 @@ def runner_output(ids, sampled):
     return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled)
 """
 
+# What CPU_ENGINE's functions do by release, read in the wheels on both sides of each.
+TRITON_REQUIRED_FROM = (0, 34, 0)  # VllmConfig refuses an x86 CPU without Triton
+RUNNER_DEFAULTS_FROM = (0, 14, 0)  # ModelRunnerOutput defaults logprobs, prompt_logprobs_dict, pooler_output
+LIST_TOKENS_FROM = (0, 12, 0)  # a request's sampled tokens are a list (a numpy array before)
+
+
+def cpu_engine(vllm: tuple[int, ...]) -> str:
+    """CPU_ENGINE for release `vllm`, its gates first (both vLLM adapters' preambles hold it)."""
+    return (f"TRITON_REQUIRED, RUNNER_DEFAULTS, LIST_TOKENS = {vllm >= TRITON_REQUIRED_FROM}, "
+            f"{vllm >= RUNNER_DEFAULTS_FROM}, {vllm >= LIST_TOKENS_FROM}\n") + CPU_ENGINE
+
+
 # The block hasher and the KV cache's layout, sized by hand.
-CONFIG = CPU_ENGINE + """
+CONFIG = """
 init_none_hash(sha256)
 hasher = get_request_block_hasher(B, sha256)
 layer = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
@@ -828,11 +846,8 @@ def preempt(rid, faults=()):
 
 def evict_all():
     cached = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None}
-    if cached and EVICT_BLOCKS:
-        pool.evict_blocks(cached)
-    elif cached:  # before 0.13.0 (EVICT_BLOCKS_FROM): what evict_blocks runs for each id
-        for b in cached:
-            pool._maybe_evict_cached_block(pool.blocks[b])
+    if cached:
+        evict_cached(cached)
     evict_cpu()
 
 '''
@@ -912,10 +927,10 @@ class VllmConnector(Scripted):
                    f"{self.max_tokens}, {self.max_seqs}\n"
                    f"CONNECTOR, ROLE, LOADS, SENDS = {self.connector!r}, {self.role!r}, {self.loads}, {self.sends}\n"
                    f"ASYNC, BUSY, BATCH = {self.async_scheduling}, {self.busy}, {self.batch_tokens}\n"
-                   f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n"
-                   f"EVICT_BLOCKS = {self.vllm >= EVICT_BLOCKS_FROM}\n")
+                   f"OFFLOAD = {self.cpu_blocks}, {self.eviction_policy!r}\n")
         part = {"kvoracle": "", "mooncake": MOONCAKE, "offload": OFFLOAD_PART + self.offload_layout()}[self.connector]
-        return HEAD + options + CONNECTOR_CLASS + CONFIG + WORKER + part + ENGINE
+        return (HEAD + options + CONNECTOR_CLASS + cpu_engine(self.vllm) + CONFIG + WORKER + part + ENGINE
+                + evict_cached(self.vllm))
 
     def offload_layout(self) -> str:
         """The offloading connector's layout in the installed release: completions by
