@@ -742,7 +742,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvoracle", description="Check KV-cache block lifecycles against the kvoracle specification.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("--version", action=_Version, help="show the version and the digest of the sources, and exit")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="run a checking campaign against the reference and its mutants",
                        description="Runs the stateful machines against the reference (which must pass) and "
@@ -923,10 +923,27 @@ def positive(text: str) -> int:
 
 
 def version() -> str:
+    """The installed version, and the digest of the sources that run (a checkout, or a
+    build of the same version from other code, tells itself apart)."""
+    from kvoracle.proofs.compiled import sources_digest
+
     try:
-        return importlib.metadata.version("kvoracle")
+        installed = importlib.metadata.version("kvoracle")
     except importlib.metadata.PackageNotFoundError:
-        return "(not installed: a checkout)"
+        installed = "(not installed: a checkout)"
+    return f"{installed}, sources {sources_digest()}"
+
+
+class _Version(argparse.Action):
+    """--version, its digest taken only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
 
 if __name__ == "__main__":
     # run as kvoracle.oracle.cli, not as __main__: a Ray worker must import the functions

@@ -67,10 +67,21 @@ def _key(package: Path, files: list[Path]) -> str:
     """What a build depends on: every source's path and bytes, Python's version, mypy's."""
     import mypy.version
 
-    digest = hashlib.sha256(f"{sys.version}\0{mypy.version.__version__}\0".encode())
+    return _digest(package, files, f"{sys.version}\0{mypy.version.__version__}\0")
+
+
+def _digest(package: Path, files: list[Path], head: str = "") -> str:
+    digest = hashlib.sha256(head.encode())
     for f in files:
         digest.update(f"{f}\0".encode() + (package / f).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def sources_digest() -> str:
+    """16 hex digits naming the package's sources (every file's path and bytes): two
+    builds of one version with different code have different digests."""
+    package = _package()
+    return _digest(package, _sources(package))
 
 
 def build(say: Callable[[str], None] = lambda _: None) -> Path:

@@ -8,6 +8,7 @@ import importlib.metadata
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from kvoracle.oracle import cli
 from kvoracle.oracle.cli import main
 from kvoracle.oracle.workers import each_alone
+from kvoracle.proofs import compiled
 
 TOY = "docs/examples/toy_engine.py:ToyAdapter"
 TINY = ["--seeds", "1", "--examples", "5"]
@@ -200,10 +202,16 @@ def test_a_small_campaign_whose_mutant_survives_says_it_may_be_too_small(
     assert last.startswith("(a campaign smaller than the default --seeds 5 --examples 150 --steps 100")
 
 
-def test_version(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_version(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("kvoracle ")
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and re.fullmatch(r"kvoracle .+, sources [0-9a-f]{16}\n", out), out
+    for build, text in (("a", "x = 1\n"), ("b", "x = 2\n")):  # one version, two codes: two digests
+        (tmp_path / build / "spec").mkdir(parents=True)
+        (tmp_path / build / "spec" / "m.py").write_text(text)
+    a, b = (compiled._digest(tmp_path / d, [Path("spec/m.py")]) for d in "ab")
+    assert a != b and a == compiled._digest(tmp_path / "a", [Path("spec/m.py")])
 
     def missing(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
