@@ -69,10 +69,13 @@ def run_machine(
     found: PropertyViolated | None = None
     tally = getattr(machine, "tally", None)
     first: list[int] = []
+    caught: list[tuple[str, list[Violation]]] = []  # the first violation, whatever became of its program
 
-    def note_first_catch() -> None:
+    def note_first_catch(step: str, violations: Sequence[Violation]) -> None:
         if not first and tally is not None:
             first.append(tally.steps)
+        if not caught:
+            caught.append((step, list(violations)))
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
@@ -83,7 +86,7 @@ def run_machine(
         except PropertyViolated as e:
             found = e
         except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
-            found = unexpected(e)
+            found = did_not_replay(e, caught[0] if caught else None)
         except STOPS:
             raise
         except BaseException as e:  # the system under test (or its adapter) raised where no check expected it
@@ -150,6 +153,21 @@ def unexpected(e: BaseException) -> PropertyViolated:
     found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {described(e)}")])
     found.__notes__ = list(getattr(e, "__notes__", []))
     return found
+
+
+def did_not_replay(e: Flaky, first: tuple[str, list[Violation]] | None) -> PropertyViolated:
+    """A run whose failing program behaved otherwise when Hypothesis ran it again: the
+    violation it saw first (if one was), and why there is no program to show."""
+    why = ("the same program behaved otherwise when run again, so it cannot be shrunk or replayed: "
+           "the engine or its adapter keeps state from one program to the next (a module-level object, "
+           "a shared default argument) or depends on time or randomness")
+    if first is None:
+        return PropertyViolated("the program", [Violation("VALID-INPUT", f"{why} (Hypothesis: {described(e)})")])
+    step, violations = first
+    head = violations[0]
+    said = Violation(head.id, f"{head.message} [no program: {why} ({type(e).__name__}); this is what the first "
+                              "failing program found]")
+    return PropertyViolated(step, [said, *violations[1:]])
 
 
 _CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")

@@ -31,8 +31,9 @@ class Baseline:
 class PropertyViolated(AssertionError):
     """A stateful machine found a violation; `.violations` carry the property IDs."""
 
-    # Called each time one is raised (a campaign notes when its first catch came).
-    hooks: list[Callable[[], None]] = []
+    # Called with the step and its violations each time one is raised (a campaign notes when
+    # its first catch came, and what it was).
+    hooks: list[Callable[[str, Sequence[Violation]], None]] = []
     baseline: Baseline | None = None  # the campaign's known violations
 
     def __init__(self, step: str, violations: Sequence[Violation]) -> None:
@@ -41,7 +42,7 @@ class PropertyViolated(AssertionError):
             known.seen.update({v.id for v in violations})
             reject()  # a known violation: this program ends here, uncounted
         for hook in PropertyViolated.hooks:
-            hook()
+            hook(step, violations)
         self.step = step
         self.violations = [v for v in violations if known is None or not known.known(v, step)]
         lines = "\n".join(f"  {v}" for v in self.violations[:8])

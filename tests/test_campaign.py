@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import FaultKind
 from kvoracle.oracle import garbage
@@ -26,6 +27,8 @@ from kvoracle.oracle.findings import confirms, reproduction, run_reproduction, w
 from kvoracle.oracle.mutants import Mutant, NoTimeout
 from kvoracle.oracle.scheduler_machine import use_faults
 from kvoracle.oracle.targets import Target
+from kvoracle.oracle.violations import PropertyViolated
+from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Outcome, TransferId
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -391,3 +394,25 @@ def assert_refinement_reproduces(tmp_path: Path, text: str, planted: str, refere
     assert fixed != text, "the reproduction does not load the planted class"
     (tmp_path / "fixed.py").write_text(fixed)
     assert run_reproduction(tmp_path / "fixed.py") == "", fixed
+
+
+class RemembersAcrossPrograms(RuleBasedStateMachine):
+    """An engine whose state outlives its program: it fails on the 30th call of the campaign,
+    whichever program makes it, so the failing program passes when run again."""
+
+    calls = [0]
+
+    @rule()
+    def call(self) -> None:
+        type(self).calls[0] += 1
+        if type(self).calls[0] == 30:
+            raise PropertyViolated("call", [Violation("INV-CONSERVE", "block 1 is owned twice")])
+
+
+def test_a_failure_that_does_not_replay_still_says_what_it_found_and_why_there_is_no_program() -> None:
+    result = run_machine(RemembersAcrossPrograms, seed_value=0, examples=50, steps=20)
+    assert not result.passed and result.violation is not None
+    assert result.violation.first_id == "INV-CONSERVE"
+    message = result.violation.violations[0].message
+    assert message.startswith("block 1 is owned twice [no program: the same program behaved otherwise"), message
+    assert "keeps state from one program to the next" in message
