@@ -69,13 +69,13 @@ def run_machine(
     found: PropertyViolated | None = None
     tally = getattr(machine, "tally", None)
     first: list[int] = []
-    caught: list[tuple[str, list[Violation]]] = []  # the first violation, whatever became of its program
+    caught: list[PropertyViolated] = []  # the first violation, whatever became of its program
 
-    def note_first_catch(step: str, violations: Sequence[Violation]) -> None:
+    def note_first_catch(e: PropertyViolated) -> None:
         if not first and tally is not None:
             first.append(tally.steps)
         if not caught:
-            caught.append((step, list(violations)))
+            caught.append(e)
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
@@ -155,7 +155,7 @@ def unexpected(e: BaseException) -> PropertyViolated:
     return found
 
 
-def did_not_replay(e: Flaky, first: tuple[str, list[Violation]] | None) -> PropertyViolated:
+def did_not_replay(e: Flaky, first: PropertyViolated | None) -> PropertyViolated:
     """A run whose failing program behaved otherwise when Hypothesis ran it again: the
     violation it saw first (if one was), and why there is no program to show."""
     why = ("the same program behaved otherwise when run again, so it cannot be shrunk or replayed: "
@@ -163,11 +163,10 @@ def did_not_replay(e: Flaky, first: tuple[str, list[Violation]] | None) -> Prope
            "a shared default argument) or depends on time or randomness")
     if first is None:
         return PropertyViolated("the program", [Violation("VALID-INPUT", f"{why} (Hypothesis: {described(e)})")])
-    step, violations = first
-    head = violations[0]
+    head = first.violations[0]
     said = Violation(head.id, f"{head.message} [no program: {why} ({type(e).__name__}); this is what the first "
                               "failing program found]")
-    return PropertyViolated(step, [said, *violations[1:]])
+    return PropertyViolated(first.step, [said, *first.violations[1:]])
 
 
 _CALL = re.compile(r"^state\.(?!teardown\b)\w+\(.*\)$")

@@ -31,9 +31,9 @@ class Baseline:
 class PropertyViolated(AssertionError):
     """A stateful machine found a violation; `.violations` carry the property IDs."""
 
-    # Called with the step and its violations each time one is raised (a campaign notes when
-    # its first catch came, and what it was).
-    hooks: list[Callable[[str, Sequence[Violation]], None]] = []
+    # Called with each one raised, once built (a campaign notes when its first catch came,
+    # and what it was).
+    hooks: list[Callable[[PropertyViolated], None]] = []
     baseline: Baseline | None = None  # the campaign's known violations
 
     def __init__(self, step: str, violations: Sequence[Violation]) -> None:
@@ -41,13 +41,13 @@ class PropertyViolated(AssertionError):
         if known is not None and violations and all(known.known(v, step) for v in violations):
             known.seen.update({v.id for v in violations})
             reject()  # a known violation: this program ends here, uncounted
-        for hook in PropertyViolated.hooks:
-            hook(step, violations)
         self.step = step
         self.violations = [v for v in violations if known is None or not known.known(v, step)]
         lines = "\n".join(f"  {v}" for v in self.violations[:8])
         more = f"\n  ... and {len(self.violations) - 8} more" if len(self.violations) > 8 else ""
         super().__init__(f"after {step}:\n{lines}{more}")
+        for hook in PropertyViolated.hooks:
+            hook(self)
 
     @property
     def first_id(self) -> str:

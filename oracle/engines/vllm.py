@@ -156,7 +156,7 @@ SCHEDULER_PREAMBLE = """\
 import json, logging, os, tempfile
 os.environ.update(HF_HUB_OFFLINE="1")
 logging.getLogger("vllm").setLevel(logging.ERROR)  # notes about CPU performance, at every construction
-""" + cpu_engine(vllm_version() or NEWEST) + common(BLOCK, NUM_BLOCKS, MAX_LEN) + CPU_PLATFORM + f"""
+""" + cpu_engine(installed()) + common(BLOCK, NUM_BLOCKS, MAX_LEN) + CPU_PLATFORM + f"""
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
@@ -180,7 +180,7 @@ def step(token=1):  # one engine step: schedule, then every scheduled request sa
     ids = list(out.num_scheduled_tokens)
     ran = runner_output(ids, [[token] for _ in ids])
     sched.update_from_output(out, ran)
-""" + evict_cached(vllm_version() or NEWEST)
+""" + evict_cached(installed())
 
 ASSERTIONS = """\
 # kvoracle's checks, in vLLM's own terms

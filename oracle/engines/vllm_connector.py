@@ -127,6 +127,7 @@ def evict_cached(vllm: tuple[int, ...]) -> str:
     return ("\n\ndef evict_cached(ids):  # what evict_blocks runs for each id (EVICT_BLOCKS_FROM)\n"
             "    for b in ids:\n        pool._maybe_evict_cached_block(pool.blocks[b])\n")
 
+
 # vLLM on the CPU platform, whatever the build: releases before 0.2x pick it only for a "+cpu"
 # build of vLLM, and releases <= 0.17 probe a torch function 2.13 dropped. Shared by both vLLM
 # adapters' preambles (after VLLM_TARGET_DEVICE is set).
