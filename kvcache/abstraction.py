@@ -83,6 +83,13 @@ def view(cache: CacheManager, s: CacheState | None = None) -> View:
     return of_cache(s, gpu, cpu)
 
 
+def snapshot(cache: CacheManager) -> tuple[CacheState, tuple[int, ...]]:
+    """Everything `view` is made of (the abstraction and the kept counters), for "a refused
+    call changed nothing": equal snapshots give equal views, without deriving one twice."""
+    counters = (cache.gpu.num_free, cache.gpu_evictable, cache.gpu_in_use, cache.cpu.num_free, cache.cpu_evictable)
+    return abstract(cache), counters
+
+
 def _referenced(cache: CacheManager) -> list[Node]:
     """Every node some structure points at."""
     out = [n for held in cache.requests.values() for n in held.path]

@@ -25,8 +25,9 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
+from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.tiered import Blocks, Call, TieredAdapter, action_of
-from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refused
+from kvoracle.oracle.violations import PropertyViolated, described, refused
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
@@ -107,9 +108,9 @@ class CacheMachine(RuleBasedStateMachine):
             result = call.run(self.engine)
         except PropertyViolated:
             raise
-        except STOPS:
-            raise
         except BaseException as e:
+            if stops(e):
+                raise
             raise PropertyViolated(name, self._exit(before, exiting) + [self._escaped(name, e)]) from e
         self._count(name)
         found = self._exit(before, exiting)

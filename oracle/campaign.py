@@ -15,11 +15,11 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import interrupts, watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
-from kvoracle.oracle.violations import STOPS, Baseline, PropertyViolated, described
+from kvoracle.oracle.violations import Baseline, PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
@@ -79,7 +79,7 @@ def run_machine(
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
-    with watchdog.watching():  # one run: a hang shortens the limit for its shrinking too
+    with watchdog.watching(), interrupts.listening():  # one run: a hang shortens the limit for its shrinking too
         try:
             with seed_alone():
                 test()
@@ -87,9 +87,9 @@ def run_machine(
             found = e
         except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
             found = did_not_replay(e, caught[0] if caught else None)
-        except STOPS:
-            raise
         except BaseException as e:  # the system under test (or its adapter) raised where no check expected it
+            if interrupts.stops(e):
+                raise
             found = unexpected(e)
         finally:
             PropertyViolated.hooks.remove(note_first_catch)
@@ -185,7 +185,7 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
     names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput,
              **(more or {})}
     try:
-        with watchdog.watching():
+        with watchdog.watching(), interrupts.listening():
             state = machine()
             for step in steps:
                 eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
@@ -194,9 +194,9 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
         return e
     except (NameError, SyntaxError, UnsatisfiedAssumption):  # not a program this machine can replay,
         return None  # or one that shows only a known violation
-    except STOPS:
-        raise
     except BaseException as e:  # an unexpected exception replays as the finding it was reported as
+        if interrupts.stops(e):
+            raise
         return unexpected(e)
     finally:
         watchdog.pause()  # a failed program skips its teardown

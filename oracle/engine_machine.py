@@ -21,7 +21,8 @@ from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, REQUIRED_OPS, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
-from kvoracle.oracle.violations import STOPS, PropertyViolated, described
+from kvoracle.oracle.interrupts import stops
+from kvoracle.oracle.violations import PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
@@ -84,9 +85,9 @@ class EngineMachine(RuleBasedStateMachine):
             return False
         except PropertyViolated:
             raise
-        except STOPS:
-            raise
         except BaseException as e:
+            if stops(e):
+                raise
             why = f"the engine (or its adapter) raised {described(e)} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)

@@ -31,12 +31,13 @@ from kvoracle.oracle.cache_machine import next_record as cache_record
 from kvoracle.oracle import isolation, watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, scheduler_view, view_of
+from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usable
 from kvoracle.oracle.scheduler_machine import next_record as scheduler_record
 from kvoracle.oracle.survival import ended_script
 from kvoracle.oracle.tiered import Blocks, Call, action_of
-from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refusal
+from kvoracle.oracle.violations import PropertyViolated, described, refusal
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
@@ -180,9 +181,9 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
         text = isolation.in_child(partial(_text, machine, result, engine))
         if isinstance(text, Ended):
             raise RuntimeError(f"the replay that writes it {text}")
-    except STOPS:
-        raise
     except BaseException as e:  # the finding stands and the campaign goes on: the file says why it is empty
+        if stops(e):
+            raise
         why = f"the reproduction could not be written: {described(e)}"
         lines = [*_header(engine, result.counterexample, result.violation), f"# {why}", *(
             f"# {line}" for line in traceback.format_exc().splitlines()), f"raise SystemExit({why!r})", ""]

@@ -27,8 +27,9 @@ from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
 from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, scheduler_view
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.serving import SchedulerAdapter
-from kvoracle.oracle.violations import STOPS, PropertyViolated, described, refused
+from kvoracle.oracle.violations import PropertyViolated, described, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import Event
@@ -158,9 +159,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         escaped: BaseException | None = None
         try:
             call()
-        except STOPS:
-            raise
         except BaseException as e:  # storage or swap errors must never escape the scheduler
+            if stops(e):
+                raise
             escaped = e
         self.clock += ticks
         self._count(name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import reject
 
+from kvoracle.oracle.interrupts import stops
 from kvoracle.spec.invariants import Violation
 
 
@@ -68,11 +69,6 @@ def _rebuilt(step: str, violations: list[Violation], notes: list[str]) -> Proper
     return e
 
 
-# What a call into the engine may raise that stops the campaign: Ctrl-C, and a generator's
-# close. Anything else it raises is a finding (`except STOPS: raise`, then `except
-# BaseException`): an engine that exits the process (SystemExit), or raises a
-# BaseException of its own, too.
-STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, GeneratorExit)
 SHOWN = 1000  # characters of a raised exception a finding quotes
 
 
@@ -95,9 +91,9 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
     raised: BaseException | None = None
     try:
         called = call()
-    except STOPS:
-        raise
     except BaseException as e:
+        if stops(e):
+            raise
         called, raised = True, e
     if not called:
         return

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 LIMIT = [60.0]  # seconds a call may run (kvoracle check --step-timeout; 0: unwatched)
 AFTER_HANG = 2.0  # seconds a call may run once one has hung in this run
+SLACK = 0.01  # a call may run this fraction beyond the limit (_Timer)
 
 
 class EngineHung(Exception):
@@ -48,15 +50,28 @@ def set_limit(seconds: float) -> None:
 
 
 class _Timer:
+    """Arms SIGALRM SLACK beyond the limit, so that the calls that start within the slack
+    still have the whole limit and need no system call of their own: a call gets at least
+    the limit and at most (1 + SLACK) times it."""
+
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self.due = 0.0  # when the armed timer fires (time.monotonic); 0: disarmed
 
     def kick(self) -> None:
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        now = time.monotonic()
+        if now + self.seconds > self.due:
+            signal.setitimer(signal.ITIMER_REAL, self.seconds * (1 + SLACK))
+            self.due = now + self.seconds * (1 + SLACK)
+
+    def disarm(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.due = 0.0
 
     def fire(self, signum: int, frame: FrameType | None) -> None:
         hung = self.seconds
         self.seconds = min(self.seconds, AFTER_HANG)
+        self.due = 0.0
         self.kick()  # what runs next (the machine's look, the drain) is watched too
         raise EngineHung(hung)
 
@@ -85,7 +100,7 @@ def pause() -> None:
     """A program ended: nothing is watched until the next call (Hypothesis's own work
     between programs is not the engine's)."""
     if _active:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _active[-1].disarm()
 
 
 @contextmanager

@@ -7,8 +7,10 @@ import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,41 @@ def test_an_engine_that_exits_the_process_is_a_finding_and_the_campaign_goes_on(
     rows = [run_target(Target(a.name, "cache", None, a), [0], 10, 20) for a in (ExitingCache, ReferenceCache)]
     assert [r.verdict for r in rows] == ["FAIL", "pass"]
     assert rows[0].first_id == "VALID-INPUT" and "SystemExit(3)" in str(rows[0].result.violation)  # type: ignore[union-attr]
+
+
+class InterruptingCache(ReferenceCache):
+    """An engine that raises KeyboardInterrupt by itself (a fatal-error handler's choice)
+    when a transfer ends: no Ctrl-C was pressed."""
+
+    name = "interrupting"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        raise KeyboardInterrupt
+
+
+class CtrlCCache(ReferenceCache):
+    """A user presses Ctrl-C while a transfer completes: the process receives SIGINT."""
+
+    name = "ctrl-c"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # Python runs the signal's handler here
+
+
+def test_an_engines_own_keyboard_interrupt_is_a_finding_and_the_campaign_goes_on() -> None:
+    rows = [run_target(Target(a.name, "cache", None, a), [0], 10, 20) for a in (InterruptingCache, ReferenceCache)]
+    assert [r.verdict for r in rows] == ["FAIL", "pass"]
+    assert rows[0].first_id == "VALID-INPUT" and "KeyboardInterrupt" in str(rows[0].result.violation)  # type: ignore[union-attr]
+    assert rows[0].shrunk >= 1
+
+
+def test_ctrl_c_during_an_engine_call_stops_the_campaign() -> None:
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_target(Target(CtrlCCache.name, "cache", None, CtrlCCache), [0], 10, 20)
+    assert time.perf_counter() - start < 5  # stopped at the signal, not after the sleep
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's handler is back
 
 
 ADAPTER = '''

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from kvoracle.kvcache.abstraction import abstract, audit, view
+from kvoracle.kvcache.abstraction import abstract, audit, snapshot
 from kvoracle.kvcache.errors import (
     BlockOutOfRange,
     DoubleFree,
@@ -233,7 +233,7 @@ class ReferenceCache(Scripted):
         return cpu_observation(self.cache)
 
     def snapshot(self) -> object:
-        return view(self.cache)
+        return snapshot(self.cache)
 
     def abstract(self) -> CacheState | None:
         return abstract(self.cache)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from kvoracle.kvcache.abstraction import abstract, audit
+from kvoracle.kvcache.abstraction import abstract, audit, snapshot
 from kvoracle.kvcache.errors import (
     DuplicateRequest,
     EmptyRequest,
@@ -178,7 +178,7 @@ class ReferenceScheduler(Scripted):
         return cpu_observation(self.rm.cache)
 
     def snapshot(self) -> object:
-        return abstract(self.rm.cache), self.statuses()
+        return snapshot(self.rm.cache), self.statuses()
 
     def state(self) -> System | None:
         rm = self.rm
