@@ -2,51 +2,85 @@
 
 Python turns SIGINT into KeyboardInterrupt, and an engine may raise one of its own (a
 fatal-error handler that "interrupts" the server, a wrapper that re-raises a signal as
-it). While a campaign runs (`listening`), this process's SIGINT handler counts the
-signals it receives before raising as Python's own does: a KeyboardInterrupt that
-escapes an engine call with no SIGINT received is the engine's, and the machines report
-it as they report any other exception escaping a call (VALID-INPUT). Outside `listening`
-(a thread other than the main one, pytest through `kvoracle.testing`, a SIGINT handler
-of someone else's that is not Python's) every KeyboardInterrupt stops the run, as
-GeneratorExit (a generator's close) always does.
+it). While a campaign runs (`listening`, in the main thread), this process's SIGINT
+handler counts the signals it receives, then does what the handler it replaced did
+(Python's own raises KeyboardInterrupt). A KeyboardInterrupt raised with no SIGINT
+received is the engine's: the machines report it as any other exception escaping a
+call (VALID-INPUT), and one that escapes `listening` leaves it as EngineInterrupt, an
+ordinary exception. Where SIGINT was ignored or left to the system (a background job,
+`kvoracle check`'s campaign processes, which Ctrl-C reaches through their parent), no
+SIGINT can raise one, so every KeyboardInterrupt is the engine's. Where this cannot be
+told (outside `listening`: another thread, pytest through `kvoracle.testing`; or an
+engine that installed a SIGINT handler of its own meanwhile) every KeyboardInterrupt
+stops the run, as GeneratorExit (a generator's close) always does.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
-_listening = [False]
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
 _received = [0]  # SIGINTs this process received while listening
+_left: list[Handler] = []  # the SIGINT handler `listening` left in place, while it listens
+
+
+class EngineInterrupt(Exception):
+    """A KeyboardInterrupt the engine raised with no SIGINT received, carried out of
+    `listening` as an ordinary exception (its repr is the original's: a finding quotes it)."""
+
+    def __init__(self, original: KeyboardInterrupt) -> None:
+        super().__init__(*original.args)
+        self.original = original
+
+    def __repr__(self) -> str:
+        return repr(self.original)
 
 
 def stops(e: BaseException) -> bool:
     """Whether `e`, raised by a call into the engine, stops the campaign rather than being a finding."""
     if isinstance(e, GeneratorExit):
         return True
-    return isinstance(e, KeyboardInterrupt) and (not _listening[0] or _received[0] > 0)
+    return isinstance(e, KeyboardInterrupt) and not _engines_own()
 
 
-def _interrupted(signum: int, frame: FrameType | None) -> None:
-    _received[0] += 1
-    signal.default_int_handler(signum, frame)
+def _engines_own() -> bool:
+    """Whether a KeyboardInterrupt raised now can only be the engine's."""
+    return bool(_left) and _received[0] == 0 and signal.getsignal(signal.SIGINT) is _left[0]
+
+
+def _counting(previous: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
+    def interrupted(signum: int, frame: FrameType | None) -> Any:
+        _received[0] += 1
+        return previous(signum, frame)
+    return interrupted
 
 
 @contextmanager
 def listening() -> Iterator[None]:
     """Tell Ctrl-C from the engine's own KeyboardInterrupt inside: see the module's docstring."""
-    usable = threading.current_thread() is threading.main_thread() and not _listening[0]
-    previous = signal.getsignal(signal.SIGINT) if usable else None
-    if previous is not signal.default_int_handler:
+    if threading.current_thread() is not threading.main_thread() or _left:
         yield
         return
-    signal.signal(signal.SIGINT, _interrupted)
-    _listening[0], _received[0] = True, 0
+    previous = signal.getsignal(signal.SIGINT)
+    handler = _counting(previous) if callable(previous) else previous  # ignored or the system's: left as it is
     try:
-        yield
+        if handler is not previous:
+            signal.signal(signal.SIGINT, handler)
+        _left.append(handler)
+        _received[0] = 0
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            if not _engines_own():
+                raise
+            raise EngineInterrupt(e) from e
     finally:
-        _listening[0] = False
-        signal.signal(signal.SIGINT, previous)
+        _left.clear()
+        if handler is not previous:
+            signal.signal(signal.SIGINT, previous)

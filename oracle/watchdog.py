@@ -28,7 +28,7 @@ from types import FrameType
 
 LIMIT = [60.0]  # seconds a call may run (kvoracle check --step-timeout; 0: unwatched)
 AFTER_HANG = 2.0  # seconds a call may run once one has hung in this run
-SLACK = 0.01  # a call may run this fraction beyond the limit (_Timer)
+SLACK = 0.01  # a call may run this fraction beyond the limit, at most a second (_Timer)
 
 
 class EngineHung(Exception):
@@ -50,9 +50,9 @@ def set_limit(seconds: float) -> None:
 
 
 class _Timer:
-    """Arms SIGALRM SLACK beyond the limit, so that the calls that start within the slack
-    still have the whole limit and need no system call of their own: a call gets at least
-    the limit and at most (1 + SLACK) times it."""
+    """Arms SIGALRM a slack beyond the limit (SLACK of it, at most a second), so that the
+    calls that start within the slack still have the whole limit and need no system call
+    of their own: a call gets at least the limit and at most the limit and the slack."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -61,8 +61,9 @@ class _Timer:
     def kick(self) -> None:
         now = time.monotonic()
         if now + self.seconds > self.due:
-            signal.setitimer(signal.ITIMER_REAL, self.seconds * (1 + SLACK))
-            self.due = now + self.seconds * (1 + SLACK)
+            armed = self.seconds + min(self.seconds * SLACK, 1.0)
+            signal.setitimer(signal.ITIMER_REAL, armed)
+            self.due = now + armed
 
     def disarm(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -107,10 +107,49 @@ def test_an_engines_own_keyboard_interrupt_is_a_finding_and_the_campaign_goes_on
     assert rows[0].shrunk >= 1
 
 
+class InterruptedWhenBuilt(ReferenceCache):
+    """An engine that raises KeyboardInterrupt as it is built, outside any call the
+    machine makes into it."""
+
+    name = "interrupted-when-built"
+
+    def __init__(self) -> None:
+        raise KeyboardInterrupt("the engine's own")
+
+
+def test_an_engines_own_keyboard_interrupt_outside_a_call_is_a_finding_and_replays_as_one() -> None:
+    row = run_target(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt), [0], 5, 5)
+    assert row.verdict == "FAIL" and "KeyboardInterrupt(\"the engine's own\")" in str(row.result.violation)  # type: ignore[union-attr]
+    again = replay(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt).machine(), ())
+    assert again is not None and str(again.violations) == str(row.result.violation.violations)  # type: ignore[union-attr]
+
+
+def test_with_sigint_ignored_every_keyboard_interrupt_is_the_engines() -> None:
+    """A background job starts with SIGINT ignored: no Ctrl-C can reach it."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        row = run_target(Target(InterruptingCache.name, "cache", None, InterruptingCache), [0], 10, 20)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert row.first_id == "VALID-INPUT" and "KeyboardInterrupt" in str(row.result.violation)  # type: ignore[union-attr]
+
+
+class HandlerOfItsOwn(CtrlCCache):
+    """An engine that installs a SIGINT handler of its own when built, as servers do;
+    then the user presses Ctrl-C."""
+
+    name = "handler-of-its-own"
+
+    def __init__(self) -> None:
+        super().__init__()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def test_ctrl_c_during_an_engine_call_stops_the_campaign() -> None:
     start = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        run_target(Target(CtrlCCache.name, "cache", None, CtrlCCache), [0], 10, 20)
+    for engine in (CtrlCCache, HandlerOfItsOwn):  # the second: a Ctrl-C that cannot be told from the engine's own
+        with pytest.raises(KeyboardInterrupt):
+            run_target(Target(engine.name, "cache", None, engine), [0], 10, 20)
     assert time.perf_counter() - start < 5  # stopped at the signal, not after the sleep
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's handler is back
 

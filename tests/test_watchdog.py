@@ -7,6 +7,7 @@ import importlib
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,26 @@ def test_a_call_past_the_limit_raises_inside_it_and_what_follows_is_watched_too(
         assert not threading.Event().wait(0.2)  # paused: nothing fires
     assert first.value.seconds == 0.3 and second.value.seconds == 0.3
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_every_call_gets_the_whole_limit_and_at_most_its_slack_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls that start within the slack of the last arming keep it; a later one re-arms."""
+    armed: list[float] = []
+    clock = [100.0]
+    monkeypatch.setattr(signal, "setitimer", lambda which, seconds: armed.append(seconds))
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    timer = watchdog._Timer(60.0)
+    for now in (100.0, 100.5, 100.6, 100.7):
+        clock[0] = now
+        timer.kick()
+        assert timer.due - now >= 60.0  # this call has its whole limit
+        assert timer.due - now <= 60.0 + 1.0  # and at most the slack more
+    assert armed == [60.6, 60.6]  # armed at 100.0, re-armed at 100.7 only
+    timer.disarm()
+    timer.kick()
+    assert armed[-1] == 60.6 and len(armed) == 4  # disarm: 0, then armed anew
+    watchdog._Timer(1000.0).kick()
+    assert armed[-1] == 1001.0  # the slack is a second at most
 
 
 def test_nothing_is_watched_outside_a_campaign_without_a_limit_or_off_the_main_thread(
