@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,7 +146,16 @@ class HandlerOfItsOwn(CtrlCCache):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def test_ctrl_c_during_an_engine_call_stops_the_campaign() -> None:
+@pytest.fixture
+def interactive() -> Iterator[None]:
+    """SIGINT handled as in an interactive Python process (a test runner started in the
+    background inherits it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_an_engine_call_stops_the_campaign(interactive: None) -> None:
     start = time.perf_counter()
     for engine in (CtrlCCache, HandlerOfItsOwn):  # the second: a Ctrl-C that cannot be told from the engine's own
         with pytest.raises(KeyboardInterrupt):
