@@ -1,11 +1,15 @@
 """A storage tier on disk for the reference row that writes through to files
 (kvcache.storage.DirectoryStorage), and what a disk does to such a tier between calls:
 a block file cut short, a flipped byte, a file gone, another block's file in its place
-(a copy or a restored backup under the wrong name), the whole volume gone and back.
+(a copy or a restored backup under the wrong name), the block stored anew by another
+deployment sharing the volume whose blocks have another size (another block size or KV
+dtype: a valid file under its own name, whose payload fits no block here), the whole
+volume gone and back.
 
-Every damage is something DirectoryStorage must survive: a read stops at the first block
-it cannot validate (a short read, which the transfer protocol already handles), and a
-write to a volume that is gone reports that nothing was written. What a write reports
+Every damage is something the reference must survive: a read stops at the first block
+DirectoryStorage cannot validate (a short read, which the transfer protocol already
+handles), a payload of the wrong size is not copied into a block but computed again,
+and a write to a volume that is gone reports that nothing was written. What a write reports
 is checked at once, before any damage: each block it counts reads back as written.
 """
 
@@ -22,7 +26,7 @@ from kvoracle.kvcache.storage import DirectoryStorage
 from kvoracle.spec.invariants import Content, Violation, inv_content
 from kvoracle.spec.types import BlockHash
 
-DAMAGE = ("truncate", "corrupt", "delete", "misplace", "unmount", "remount")
+DAMAGE = ("truncate", "corrupt", "delete", "misplace", "unmount", "remount", "resize")
 _AWAY = ".away"  # where an unmounted volume's files wait for the remount
 
 
@@ -78,6 +82,8 @@ class Disk:
             block = self.backend._path(names[i % len(names)])
             if how == "misplace":  # the block before it in that order: its file, valid under its own name
                 _misplace(self.backend._path(names[(i - 1) % len(names)]), block)
+            elif how == "resize":  # written through the storage's own API, as the other deployment would
+                self.backend.write([(names[i % len(names)], _resized(self.backend, names[i % len(names)]))])
             else:
                 _damage_file(block, how)
 
@@ -104,6 +110,13 @@ def _damage_file(block: Path, how: str) -> None:
         block.write_bytes(blob[:10])  # shorter than a header
     elif blob:
         block.write_bytes(blob[:-1] + bytes([(blob[-1] + 1) % 256]))  # the checksum no longer holds
+
+
+def _resized(backend: DirectoryStorage, h: BlockHash) -> bytes:
+    """A payload of another size than the block's: its own with a byte more (one byte when
+    it cannot be read)."""
+    have = backend.read([h])
+    return (have[0] if have else b"") + b"\x00"
 
 
 def _misplace(source: Path, block: Path) -> None:

@@ -16,7 +16,7 @@ from kvoracle.kvcache.lru import LeafHeap
 from kvoracle.kvcache.manager import CacheManager, Completion, EvictReport, Holding, ReleaseReport
 from kvoracle.kvcache.faults import Reply
 from kvoracle.kvcache.errors import OutOfBlocks
-from kvoracle.kvcache.transfers import PrefetchJob, SwapInJob, SwapOutJob, WriteJob
+from kvoracle.kvcache.transfers import Job, PrefetchJob, SwapInJob, SwapOutJob, WriteJob
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.actions import Evict
 from kvoracle.spec.state import Status
@@ -36,6 +36,7 @@ class Mutant:
     scheduler_class: type[ResourceManager] | None = None  # set: a scheduler-level mutant
     bookkeeping: bool = True  # False: the machine checks INV-CONTENT alone
     cpu_blocks: int | None = None  # set: the cache machine's CPU tier has this many blocks
+    on_disk: bool = False  # True: a scheduler-level mutant run over the storage tier on disk (reference-disk)
 
     @property
     def level(self) -> str:
@@ -339,6 +340,15 @@ class MiscountedSwap(ResourceManager):
         return bool(rep.steps)
 
 
+# --- 16: a payload of the wrong size counted as arrived (beyond the design's twelve: the sixteenth blind run) ---
+
+
+class KeptWrongSize(ResourceManager):
+    def _move(self, job: Job, done: int) -> int:
+        super()._move(job, done)
+        return done  # every item the answer counts, a prefetched payload that fit no block included, is not recomputed
+
+
 SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("write-raise-finish", 2, "Storage write raises on finish, free skipped (FastDeploy PR 7807)",
            "finish writes synchronously before release and lets the error escape",
@@ -372,6 +382,10 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("miscounted-swap", 15, "A swap-out's copy is told the wrong number of blocks",
            "the copier is asked for every eviction step, not the items the swap-out moves",
            frozenset({"VALID-INPUT", "REFINEMENT"}), scheduler_class=MiscountedSwap),
+    Mutant("kept-wrong-size", 16, "A prefetched payload of the wrong size is kept as if it arrived",
+           "a prefetch counts every block the storage answered as landed, one whose payload fits no block (written "
+           "by a deployment with another layout) included, so it is never computed again", frozenset({"INV-CONTENT"}),
+           scheduler_class=KeptWrongSize, on_disk=True),
     Mutant("late-free", 11, "A late or duplicate completion frees a reused block",
            "an answer for an ended transfer frees that transfer's blocks again",
            frozenset({"INV-NO-UAF", "INV-CONSERVE"}), scheduler_class=LateFree),

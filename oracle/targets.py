@@ -36,6 +36,9 @@ class Target:
         else:
             parts = {} if m is None else {"cache_class": m.cache_class, "scheduler_class": m.scheduler_class,
                                           "name": self.name}  # a reproduction's header names the mutant
+            if m is not None and m.on_disk:  # the same base, writing through to files the disk damages
+                scheduler_base = ReferenceSchedulerOnDisk if scheduler_base is ReferenceScheduler else type(
+                    f"{scheduler_base.__name__}OnDisk", (scheduler_base, ReferenceSchedulerOnDisk), {})
             attrs["make_adapter"] = type(f"{scheduler_base.__name__}_{tag}", (scheduler_base,), parts)
             attrs["bookkeeping"] = m is None or m.bookkeeping
         base = CacheMachine if self.level == "cache" else scheduler_level_machine(self.adapter or scheduler_base)

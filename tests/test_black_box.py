@@ -82,6 +82,7 @@ FIRST_ID = {
     "self-preempt": {"LIVE-PROGRESS"},
     "miscounted-swap": {"VALID-INPUT"},
     "late-free": {"INV-CONSERVE", "INV-NO-UAF"},
+    "kept-wrong-size": {"INV-CONTENT"},
     "recycle-listed-content": {"INV-CONTENT"},
 }
 

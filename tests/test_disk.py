@@ -44,6 +44,19 @@ def test_a_damaged_block_ends_the_prefix_read_there(how: str) -> None:
     assert disk.read(H) == [BLOCKS[0][1]]
 
 
+def test_a_block_stored_anew_in_another_layout_reads_back_valid_and_of_another_size() -> None:
+    """What DirectoryStorage cannot tell from a good block: the reference must (the
+    mutant kept-wrong-size is the reference that does not)."""
+    disk = written()
+    disk.damage("resize", 1)
+    got = disk.read(H)
+    assert len(got) == 3 and got[0] == BLOCKS[0][1] and got[2] == BLOCKS[2][1]
+    assert len(got[1]) != len(BLOCKS[1][1])
+    disk.damage("delete", 1)
+    disk.damage("resize", 1)  # a block the volume lost can be stored anew too
+    assert len(disk.read(H)) == 3 and len(disk.read(H)[1]) == 1
+
+
 def test_an_unmounted_volume_writes_and_reads_nothing_until_it_is_back() -> None:
     disk = written()
     disk.damage("unmount", 0)
