@@ -79,13 +79,13 @@ class Disk:
             away.rename(root)
         elif how not in ("unmount", "remount") and self.written and root.is_dir():
             names = list(self.written)
-            block = self.backend._path(names[i % len(names)])
+            h = names[i % len(names)]
             if how == "misplace":  # the block before it in that order: its file, valid under its own name
-                _misplace(self.backend._path(names[(i - 1) % len(names)]), block)
+                _misplace(self.backend._path(names[(i - 1) % len(names)]), self.backend._path(h))
             elif how == "resize":  # written through the storage's own API, as the other deployment would
-                self.backend.write([(names[i % len(names)], _resized(self.backend, names[i % len(names)]))])
+                self.backend.write([(h, _resized(self.backend, h))])
             else:
-                _damage_file(block, how)
+                _damage_file(self.backend._path(h), how)
 
 
 def _read_back(backend: DirectoryStorage, blocks: Sequence[tuple[BlockHash, bytes]]) -> list[Violation]:
