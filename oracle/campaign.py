@@ -65,6 +65,8 @@ def run_machine(
         suppress_health_check=list(HealthCheck),
     )
     test = seed(seed_value)(get_state_machine_test(machine, settings=config))
+    hooks = getattr(test, "hypothesis")  # Hypothesis's documented hook to wrap the program it runs
+    hooks.inner_test = interrupts.as_findings(hooks.inner_test)
     start = time.perf_counter()
     found: PropertyViolated | None = None
     tally = getattr(machine, "tally", None)
@@ -79,7 +81,7 @@ def run_machine(
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
-    with watchdog.watching(), interrupts.listening():  # one run: a hang shortens the limit for its shrinking too
+    with guarded():  # one run: a hang shortens the limit for its shrinking too
         try:
             with seed_alone():
                 test()
@@ -102,6 +104,14 @@ def run_machine(
         PropertyViolated.baseline = None
     return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known,
                      shown=tuple(map(readable, steps_found)))
+
+
+@contextmanager
+def guarded() -> Iterator[None]:
+    """Programs run with every engine call watched for hangs (oracle.watchdog) and
+    Ctrl-C told from the engine's own KeyboardInterrupt (oracle.interrupts)."""
+    with watchdog.watching(), interrupts.listening():
+        yield
 
 
 @contextmanager
@@ -185,7 +195,7 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
     names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput,
              **(more or {})}
     try:
-        with watchdog.watching(), interrupts.listening():
+        with guarded():
             state = machine()
             for step in steps:
                 eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout

@@ -6,8 +6,8 @@ it). While a campaign runs (`listening`, in the main thread), this process's SIG
 handler counts the signals it receives, then does what the handler it replaced did
 (Python's own raises KeyboardInterrupt). A KeyboardInterrupt raised with no SIGINT
 received is the engine's: the machines report it as any other exception escaping a
-call (VALID-INPUT), and one that escapes `listening` leaves it as EngineInterrupt, an
-ordinary exception. Where SIGINT was ignored or left to the system (a background job,
+call (VALID-INPUT); one raised outside those calls leaves the program (`as_findings`)
+and `listening` as EngineInterrupt, an ordinary exception, so Hypothesis shrinks it. Where SIGINT was ignored or left to the system (a background job,
 `kvoracle check`'s campaign processes, which Ctrl-C reaches through their parent), no
 SIGINT can raise one, so every KeyboardInterrupt is the engine's. Where this cannot be
 told (outside `listening`: another thread, pytest through `kvoracle.testing`; or an
@@ -17,15 +17,18 @@ stops the run, as GeneratorExit (a generator's close) always does.
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
+P = ParamSpec("P")
+R = TypeVar("R")
 _received = [0]  # SIGINTs this process received while listening
 _left: list[Handler] = []  # the SIGINT handler `listening` left in place, while it listens
 
@@ -54,6 +57,24 @@ def _engines_own() -> bool:
     return bool(_left) and _received[0] == 0 and signal.getsignal(signal.SIGINT) is _left[0]
 
 
+def as_findings(test: Callable[P, R]) -> Callable[P, R]:
+    """`test` (the program Hypothesis runs), raising EngineInterrupt where the engine
+    raised a KeyboardInterrupt of its own outside the machine's calls into it (as it is
+    built, observed, torn down): Hypothesis stops at a KeyboardInterrupt, but shrinks
+    a program that raises an ordinary exception."""
+
+    @functools.wraps(test)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return test(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            if stops(e):
+                raise
+            raise EngineInterrupt(e) from e
+
+    return run
+
+
 def _counting(previous: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
     def interrupted(signum: int, frame: FrameType | None) -> Any:
         _received[0] += 1
@@ -77,7 +98,7 @@ def listening() -> Iterator[None]:
         try:
             yield
         except KeyboardInterrupt as e:
-            if not _engines_own():
+            if stops(e):
                 raise
             raise EngineInterrupt(e) from e
     finally:

@@ -33,6 +33,7 @@ from kvoracle.oracle.targets import Target
 from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Outcome, TransferId
+from kvoracle.oracle.engine import Observation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +123,32 @@ def test_an_engines_own_keyboard_interrupt_outside_a_call_is_a_finding_and_repla
     row = run_target(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt), [0], 5, 5)
     assert row.verdict == "FAIL" and "KeyboardInterrupt(\"the engine's own\")" in str(row.result.violation)  # type: ignore[union-attr]
     again = replay(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt).machine(), ())
+    assert again is not None and str(again.violations) == str(row.result.violation.violations)  # type: ignore[union-attr]
+
+
+class InterruptedWhenObserved(ReferenceCache):
+    """An engine that raises KeyboardInterrupt by itself when observed once a transfer
+    has ended: outside the calls into it the machine checks, after a program of steps."""
+
+    name = "interrupted-when-observed"
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        super().complete(t, outcome)
+        self.ended = True
+
+    def observe(self) -> Observation:
+        if getattr(self, "ended", False):
+            raise KeyboardInterrupt("the engine's own, observed")
+        return super().observe()
+
+
+def test_an_engines_own_keyboard_interrupt_outside_a_call_comes_with_its_shrunk_program() -> None:
+    target = Target(InterruptedWhenObserved.name, "cache", None, InterruptedWhenObserved)
+    row = run_target(target, [0], 10, 20)
+    assert row.first_id == "VALID-INPUT" and "the engine's own, observed" in str(row.result.violation)  # type: ignore[union-attr]
+    steps = row.result.counterexample  # type: ignore[union-attr]
+    assert steps  # the steps that ended a transfer (the engine raised nothing before)
+    again = replay(target.machine(), steps)
     assert again is not None and str(again.violations) == str(row.result.violation.violations)  # type: ignore[union-attr]
 
 
