@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import threads, watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
@@ -86,6 +86,7 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
+        threads.watch()
         self.engine = type(self).make_adapter()
         self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
@@ -113,7 +114,7 @@ class CacheMachine(RuleBasedStateMachine):
                 raise
             raise PropertyViolated(name, self._exit(before, exiting) + [self._escaped(name, e)]) from e
         self._count(name)
-        found = self._exit(before, exiting)
+        found = self._exit(before, exiting) + threads.died(name)
         if found:
             raise PropertyViolated(name, found)
         got = self._check(name) if self.audit.due() else None
@@ -385,6 +386,7 @@ class CacheMachine(RuleBasedStateMachine):
             drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
         finally:
             watchdog.pause()
+            threads.unwatch()
 
 
 def next_record(model: CacheState, name: str, event: CacheEvent) -> CacheState | Violation:

@@ -15,7 +15,7 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import interrupts, watchdog
+from kvoracle.oracle import interrupts, threads, watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
@@ -111,7 +111,10 @@ def guarded() -> Iterator[None]:
     """Programs run with every engine call watched for hangs (oracle.watchdog) and
     Ctrl-C told from the engine's own KeyboardInterrupt (oracle.interrupts)."""
     with watchdog.watching(), interrupts.listening():
-        yield
+        try:
+            yield
+        finally:
+            threads.unwatch()  # a program whose engine was never built had no teardown to do it
 
 
 @contextmanager

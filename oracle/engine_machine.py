@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import threads, watchdog
 from kvoracle.oracle.audit import Audit
 from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, REQUIRED_OPS, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
@@ -45,6 +45,7 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
+        threads.watch()
         self.adapter = type(self).make_adapter()
         missing = set(REQUIRED_OPS) - self.adapter.operations
         if missing:
@@ -91,6 +92,9 @@ class EngineMachine(RuleBasedStateMachine):
             why = f"the engine (or its adapter) raised {described(e)} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)
+        died = threads.died(name)
+        if died:
+            raise PropertyViolated(name, died)
         self._check(name)
         return True
 
@@ -224,6 +228,7 @@ class EngineMachine(RuleBasedStateMachine):
             drain(self)
         finally:
             watchdog.pause()
+            threads.unwatch()
 
 
 def drain(m: EngineMachine) -> None:

@@ -7,12 +7,13 @@ handler counts the signals it receives, then does what the handler it replaced d
 (Python's own raises KeyboardInterrupt). A KeyboardInterrupt raised with no SIGINT
 received is the engine's: the machines report it as any other exception escaping a
 call (VALID-INPUT); one raised outside those calls leaves the program (`as_findings`)
-and `listening` as EngineInterrupt, an ordinary exception, so Hypothesis shrinks it. Where SIGINT was ignored or left to the system (a background job,
-`kvoracle check`'s campaign processes, which Ctrl-C reaches through their parent), no
-SIGINT can raise one, so every KeyboardInterrupt is the engine's. Where this cannot be
-told (outside `listening`: another thread, pytest through `kvoracle.testing`; or an
-engine that installed a SIGINT handler of its own meanwhile) every KeyboardInterrupt
-stops the run, as GeneratorExit (a generator's close) always does.
+and `listening` as EngineInterrupt, an ordinary exception, so Hypothesis shrinks it.
+Where SIGINT was ignored or left to the system (a background job, `kvoracle check`'s
+campaign processes, which Ctrl-C reaches through their parent), no SIGINT can raise one,
+so every KeyboardInterrupt is the engine's. Where this cannot be told (outside
+`listening`: another thread, pytest through `kvoracle.testing`; or an engine that
+installed a SIGINT handler of its own meanwhile) every KeyboardInterrupt stops the run,
+as GeneratorExit (a generator's close) always does.
 """
 
 from __future__ import annotations

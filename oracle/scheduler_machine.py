@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import threads, watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
@@ -124,6 +124,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
+        threads.watch()
         self.engine = type(self).make_adapter()
         self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
         self.clock = 0  # the checker's own clock: the ticks it made
@@ -193,7 +194,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             found += walk(None if got is None else of_system(got), e.invariants(), after)
         if escaped is not None:  # storage or swap errors must never escape the scheduler
             found.append(Violation("VALID-INPUT", f"{name} raised {described(escaped)} on a valid call"))
-        return found + self._record(name, ticks, got)
+        return found + threads.died(name) + self._record(name, ticks, got)
 
     def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:
         """LIVE-TRANSFER on the checker's clock, and refinement: the record replays what
@@ -344,6 +345,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             drain(self)
         finally:
             watchdog.pause()
+            threads.unwatch()
 
 
 class DiskMachine(SchedulerMachine):

@@ -1,0 +1,57 @@
+"""A thread of the engine that an exception kills is a finding.
+
+An engine's background threads (storage I/O, swap executors, cache controllers) do a
+call's work after the call returns; one that an exception kills takes that work with
+it, and whatever it held is never released. Python hands such a death to
+`threading.excepthook`, whose default prints it and goes on, so a campaign would see
+only the effects, if any, steps later (a transfer that never answers: LIVE-TRANSFER).
+From a machine's construction to its teardown (`watch`, `unwatch`) this module records
+each death instead, and the machine reports the deaths after each call into the engine
+as VALID-INPUT: a storage or swap error must never escape the engine, and one that
+escapes a thread of its own has escaped. An adapter that installs a hook of its own
+(to model what the dead thread stranded) takes the deaths over.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from kvoracle.oracle.violations import described
+from kvoracle.spec.invariants import Violation
+
+Hook = Callable[[threading.ExceptHookArgs], object]
+
+_deaths: list[str] = []  # the deaths recorded since the latest report
+_replaced: list[Hook] = []  # the hook `watch` replaced, while it records
+
+
+def _record(death: threading.ExceptHookArgs) -> None:
+    if death.exc_type is SystemExit:  # a thread's own way to end (Python's hook ignores it too)
+        return
+    thread = "a thread" if death.thread is None else f"thread {death.thread.name!r}"
+    raised = death.exc_type.__name__ if death.exc_value is None else described(death.exc_value)
+    _deaths.append(f"{thread} died: it raised {raised}")
+
+
+def watch() -> None:
+    """Record the deaths of threads from now on (a new program: none recorded yet)."""
+    _deaths.clear()
+    if threading.excepthook is not _record:
+        _replaced[:] = [threading.excepthook]
+        threading.excepthook = _record
+
+
+def unwatch() -> None:
+    """Give the deaths back to the hook `watch` replaced (if nothing replaced this one since)."""
+    if threading.excepthook is _record and _replaced:
+        threading.excepthook = _replaced.pop()
+    _deaths.clear()
+
+
+def died(call: str) -> list[Violation]:
+    """VALID-INPUT for each thread that died since the latest report (during `call`, or
+    after the call before it returned)."""
+    found = [Violation("VALID-INPUT", f"by the end of {call}, {death}") for death in _deaths]
+    _deaths.clear()
+    return found
