@@ -82,6 +82,20 @@ def test_preempted_request_is_first_in_line_again() -> None:
     assert list(rm.waiting) == [R, RequestId(1)] and rm.requests[R].preemptions == 1
 
 
+def test_growth_preempts_the_last_admitted_request_first() -> None:
+    """The reference's policy (a choice spec/ leaves open, so no property judges it):
+    when growing needs a block and nothing can be evicted, the request admitted last
+    goes, so the oldest keep running (first come, first served)."""
+    rm = manager(ScriptedFaults())
+    first, second, last = RequestId(0), RequestId(1), RequestId(2)
+    for r, token in ((first, 1), (second, 3), (last, 5)):
+        rm.submit(r, [token] * 3)  # nothing shared: each holds two blocks of its own
+    assert rm.schedule() == [first, second, last] and rm.cache.gpu.num_free == 2
+    while not any(q.preemptions for q in rm.requests.values()):
+        rm.schedule()
+    assert [rm.requests[r].preemptions for r in (first, second, last)] == [0, 0, 1]
+
+
 def test_a_hung_write_times_out_and_a_late_answer_is_ignored() -> None:
     plan = ScriptedFaults()
     rm = running(plan)
