@@ -82,6 +82,7 @@ class EngineMachine(RuleBasedStateMachine):
             undo()
             type(self).tally.refused += 1
             self._count(name)
+            self._survived(name)
             self._check(name)  # the machine forgot the request: it must hold nothing, and no block be lost
             return False
         except PropertyViolated:
@@ -92,11 +93,16 @@ class EngineMachine(RuleBasedStateMachine):
             why = f"the engine (or its adapter) raised {described(e)} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)
+        self._survived(name)
+        self._check(name)
+        return True
+
+    @staticmethod
+    def _survived(name: str) -> None:
+        """The engine's threads survived the call (oracle.threads)."""
         died = threads.died(name)
         if died:
             raise PropertyViolated(name, died)
-        self._check(name)
-        return True
 
     def _unchanged(self, name: str, before: Observation, how: str) -> None:
         after = self.adapter.observe()
