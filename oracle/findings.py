@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.cache_machine import next_record as cache_record
-from kvoracle.oracle import isolation, watchdog
+from kvoracle.oracle import isolation, threads, watchdog
 from kvoracle.oracle.campaign import RunResult, replay
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, scheduler_view, view_of
 from kvoracle.oracle.interrupts import stops
@@ -354,18 +355,29 @@ def view_now(source: str, namespace: dict[str, object], live: Mapping[str, int] 
 
 class Last:
     """Runs a reproduction's last engine call: what it raises is kept for the check
-    (an exception escaping a valid call is itself a finding), not thrown."""
+    (an exception escaping a valid call is itself a finding), not thrown; so is the
+    death of a thread of the engine's during the call (oracle.threads), where the
+    engine left Python's own hook in place (one of its own keeps its deaths)."""
 
     error: Exception | None = None
     result: object = None  # what the call returned, where the check needs it (set by the file)
+    watching = False
 
     def __enter__(self) -> Last:
+        self.watching = threading.excepthook is threading.__excepthook__
+        if self.watching:
+            threads.watch()
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, trace: object) -> bool:
+        died = threads.died("the call") if self.watching else []
+        if self.watching:
+            threads.unwatch()
         if isinstance(error, Exception):
             self.error = error
             return True
+        if error is None and died:
+            self.error = threads.ThreadDied(died[0].message)
         return False
 
 
@@ -407,6 +419,8 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
         return [v for v in _safety(ev.adapter(), ev.view()) if v.id == pid]
     if pid == "VALID-INPUT":
         escaped = ev.raised
+        if isinstance(escaped, threads.ThreadDied):
+            return [Violation(pid, str(escaped))]
         return [] if escaped is None else [Violation(pid, f"the engine raised {described(escaped)} on a valid call")]
     if pid == "LIVE-DRAIN":
         return _drained(ev.adapter(), ev.live)

@@ -9,13 +9,16 @@ From a machine's construction to its teardown (`watch`, `unwatch`) this module r
 each death instead, and the machine reports the deaths after each call into the engine
 as VALID-INPUT: a storage or swap error must never escape the engine, and one that
 escapes a thread of its own has escaped. An adapter that installs a hook of its own
-(to model what the dead thread stranded) takes the deaths over.
+(to model what the dead thread stranded) takes the deaths over. A reproduction watches
+its last call the same way, where the engine left Python's own hook in place.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
 
 from kvoracle.oracle.violations import described
 from kvoracle.spec.invariants import Violation
@@ -26,12 +29,27 @@ _deaths: list[str] = []  # the deaths recorded since the latest report
 _replaced: list[Hook] = []  # the hook `watch` replaced, while it records
 
 
+class ThreadDied(Exception):
+    """A thread of the engine died during a reproduction's last call (oracle.findings.Last)."""
+
+
 def _record(death: threading.ExceptHookArgs) -> None:
     if death.exc_type is SystemExit:  # a thread's own way to end (Python's hook ignores it too)
         return
     thread = "a thread" if death.thread is None else f"thread {death.thread.name!r}"
     raised = death.exc_type.__name__ if death.exc_value is None else described(death.exc_value)
-    _deaths.append(f"{thread} died: it raised {raised}")
+    _deaths.append(f"{thread} died: it raised {raised}{_where(death.exc_traceback)}")
+
+
+def _where(trace: TracebackType | None) -> str:
+    """Where the exception was raised: the innermost frame (the thread's report is all
+    an engine developer gets; its traceback is gone with the thread)."""
+    if trace is None:
+        return ""
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    code = trace.tb_frame.f_code
+    return f" at {'/'.join(Path(code.co_filename).parts[-2:])}:{trace.tb_lineno} in {code.co_name}"
 
 
 def watch() -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
 from kvoracle.oracle.campaign import replay, run_machine
+from kvoracle.oracle.engines import file_module
+from kvoracle.oracle.findings import Last, confirms, fails_with, reproduction, run_reproduction
 from kvoracle.oracle.engine_campaign import engine_machine
 from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
@@ -86,6 +89,7 @@ def test_a_thread_the_engine_loses_to_an_exception_is_a_finding_with_its_program
     assert threading.excepthook is before
     assert not result.passed and result.first_id == "VALID-INPUT"
     assert "thread 'io-worker' died" in str(result.violation), result.violation
+    assert "at tests/test_threads.py:" in str(result.violation) and " in work" in str(result.violation)
     assert result.counterexample
     again = replay(machine, result.counterexample)
     assert again is not None and str(again.violations) == str(result.violation.violations)  # type: ignore[union-attr]
@@ -105,3 +109,45 @@ class ExitingPoller(ReferenceScheduler):
 
 def test_a_thread_that_ends_by_system_exit_is_no_finding() -> None:
     assert run_machine(machine_of(ExitingPoller, "scheduler"), seed_value=0, examples=10, steps=20).passed
+
+
+def test_a_reproduction_fails_where_a_thread_of_the_engine_dies_in_its_last_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)  # as in a script (pytest has its own)
+
+    def work() -> None:
+        raise OSError("the disk is gone")
+
+    with Last() as last:
+        on_worker(work)
+    assert threading.excepthook is threading.__excepthook__
+    with pytest.raises(AssertionError, match=r"VALID-INPUT: .*thread 'io-worker' died: it raised OSError"):
+        fails_with("VALID-INPUT", "", {}, raised=last.error)
+    with Last() as calm:
+        on_worker(lambda: None)
+    fails_with("VALID-INPUT", "", {}, raised=calm.error)  # no death: passes
+
+
+POLLER = """
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+
+
+class ScriptedPollerDies(ReferenceScheduler):
+    name = "scripted-poller-dies"
+
+    def tick(self, n):
+        super().tick(n)
+        if self.running():  # the engine's own code, which the reproduction runs too
+            self.run("import threading as t; w = t.Thread(target=lambda: 1 / 0, name='io-worker'); w.start(); w.join()")
+"""
+
+
+def test_the_reproduction_of_a_thread_death_fails_standalone(tmp_path: Path) -> None:
+    (tmp_path / "poller.py").write_text(POLLER)
+    engine = file_module(tmp_path / "poller.py").ScriptedPollerDies
+    machine = machine_of(engine, "scheduler")
+    result = run_machine(machine, seed_value=0, examples=30, steps=30)
+    assert result.first_id == "VALID-INPUT" and "thread 'io-worker' died" in str(result.violation)
+    (tmp_path / "repro.py").write_text(reproduction(machine, result.counterexample, result.violation))  # type: ignore[arg-type]
+    failure = run_reproduction(tmp_path / "repro.py")
+    assert confirms(failure, "VALID-INPUT") and "thread 'io-worker' died: it raised ZeroDivisionError" in failure
