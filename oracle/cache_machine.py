@@ -86,7 +86,6 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        threads.watch()
         self.engine = type(self).make_adapter()
         self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
@@ -97,6 +96,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.asked = 0  # blocks the latest GPU eviction asked for
         self.audit = Audit()
         self.refining: tuple[CacheState, Call] | None = None  # the record before the call being refined, and the call
+        threads.watch()  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- the checking core -----------------------------------------------------------
 
@@ -372,6 +372,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _made_bad_call(self, name: str) -> None:
         type(self).tally.bad_inputs += 1
         self._count(name)
+        threads.check(name)
         if self.audit.due():
             self._check(name)
 
@@ -384,6 +385,7 @@ class CacheMachine(RuleBasedStateMachine):
             e = self.engine
             self.audit.draining = True
             drain(self, liveness.drain_bound(e.gpu_blocks, e.cpu_blocks, len(self.live)))
+            threads.check("the drain")  # a thread that died after the last call
         finally:
             watchdog.pause()
             threads.unwatch()

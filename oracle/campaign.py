@@ -109,7 +109,8 @@ def run_machine(
 @contextmanager
 def guarded() -> Iterator[None]:
     """Programs run with every engine call watched for hangs (oracle.watchdog) and
-    Ctrl-C told from the engine's own KeyboardInterrupt (oracle.interrupts)."""
+    Ctrl-C told from the engine's own KeyboardInterrupt (oracle.interrupts); the
+    machines watch the engine's threads themselves (oracle.threads)."""
     with watchdog.watching(), interrupts.listening():
         try:
             yield

@@ -45,7 +45,6 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        threads.watch()
         self.adapter = type(self).make_adapter()
         missing = set(REQUIRED_OPS) - self.adapter.operations
         if missing:
@@ -56,6 +55,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.audit = Audit()
+        threads.watch()  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- the checking core -----------------------------------------------------------
 
@@ -82,7 +82,7 @@ class EngineMachine(RuleBasedStateMachine):
             undo()
             type(self).tally.refused += 1
             self._count(name)
-            self._survived(name)
+            threads.check(name)
             self._check(name)  # the machine forgot the request: it must hold nothing, and no block be lost
             return False
         except PropertyViolated:
@@ -93,16 +93,9 @@ class EngineMachine(RuleBasedStateMachine):
             why = f"the engine (or its adapter) raised {described(e)} on a valid call"
             raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
         self._count(name)
-        self._survived(name)
+        threads.check(name)
         self._check(name)
         return True
-
-    @staticmethod
-    def _survived(name: str) -> None:
-        """The engine's threads survived the call (oracle.threads)."""
-        died = threads.died(name)
-        if died:
-            raise PropertyViolated(name, died)
 
     def _unchanged(self, name: str, before: Observation, how: str) -> None:
         after = self.adapter.observe()
@@ -211,12 +204,14 @@ class EngineMachine(RuleBasedStateMachine):
         except Exception:
             type(self).tally.bad_inputs += 1
             self._count(name)
+            threads.check(name)
             self._unchanged(name, before, f"{kind.value} was refused")
             return
         if not called:
             return
         type(self).tally.bad_inputs += 1
         self._count(name)
+        threads.check(name)
         self._check(name)
         if self.adapter.observe() == before:
             type(self).tally.tolerated += 1
@@ -232,6 +227,7 @@ class EngineMachine(RuleBasedStateMachine):
                 return  # a step already failed: keep its report
             self.audit.draining = True
             drain(self)
+            threads.check("the drain")  # a thread that died after the last call
         finally:
             watchdog.pause()
             threads.unwatch()

@@ -101,7 +101,8 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     if hung:
         body.append("watch(0)  # the calls are over")
     # what a bad call raises is its refusal, judged by BAD-INPUT alone; what a valid call raises is a finding
-    raised = "_last.error" if pid == "BAD-INPUT" or not _bad_call(violation.step) else "None"
+    # (a bad call's thread that died is a finding too)
+    raised = "_last.error" if pid == "BAD-INPUT" or not _bad_call(violation.step) else "_last.death"
     call = f"{pid!r}, {source!r}, globals(), live={live!r}, raised={raised}"
     if pid in TRANSITIONS:
         call += f", before=_before, requests={sorted(set(_REQUEST.findall(str(violation))))!r}"
@@ -360,6 +361,7 @@ class Last:
     engine left Python's own hook in place (one of its own keeps its deaths)."""
 
     error: Exception | None = None
+    death: threads.ThreadDied | None = None  # a thread that died during the call, a bad call's too
     result: object = None  # what the call returned, where the check needs it (set by the file)
     watching = False
 
@@ -373,11 +375,12 @@ class Last:
         died = threads.died("the call") if self.watching else []
         if self.watching:
             threads.unwatch()
+        self.death = threads.ThreadDied(died[0].message) if died else None
         if isinstance(error, Exception):
             self.error = error
             return True
-        if error is None and died:
-            self.error = threads.ThreadDied(died[0].message)
+        if error is None:
+            self.error = self.death
         return False
 
 

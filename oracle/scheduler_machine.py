@@ -124,7 +124,6 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        threads.watch()
         self.engine = type(self).make_adapter()
         self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
         self.clock = 0  # the checker's own clock: the ticks it made
@@ -141,6 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
+        threads.watch()  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- checking -----------------------------------------------------------------------
 
@@ -330,6 +330,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _made_bad_call(self, name: str) -> None:
         type(self).tally.bad_inputs += 1
         self._count(name)
+        threads.check(name)
 
     # --- LIVE-DRAIN -------------------------------------------------------------------------
 
@@ -343,6 +344,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 return
             self.audit.draining = True
             drain(self)
+            if self.bookkeeping:  # off: INV-CONTENT alone judges
+                threads.check("the drain")  # a thread that died after the last call
         finally:
             watchdog.pause()
             threads.unwatch()

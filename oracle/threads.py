@@ -15,18 +15,20 @@ its last call the same way, where the engine left Python's own hook in place.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from kvoracle.oracle.violations import described
+from kvoracle.oracle.violations import PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 
 Hook = Callable[[threading.ExceptHookArgs], object]
 
-_deaths: list[str] = []  # the deaths recorded since the latest report
+_deaths: list[tuple[str, threading.ExceptHookArgs]] = []  # recorded since the latest report
 _replaced: list[Hook] = []  # the hook `watch` replaced, while it records
+_NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+(_\d+)?")  # a process-wide count
 
 
 class ThreadDied(Exception):
@@ -36,9 +38,11 @@ class ThreadDied(Exception):
 def _record(death: threading.ExceptHookArgs) -> None:
     if death.exc_type is SystemExit:  # a thread's own way to end (Python's hook ignores it too)
         return
-    thread = "a thread" if death.thread is None else f"thread {death.thread.name!r}"
+    # a default thread name counts every thread the process made: not the same in a replay
+    name = None if death.thread is None else _NUMBERED.sub(r"\1", death.thread.name)
+    thread = "a thread" if name is None else f"thread {name!r}"
     raised = death.exc_type.__name__ if death.exc_value is None else described(death.exc_value)
-    _deaths.append(f"{thread} died: it raised {raised}{_where(death.exc_traceback)}")
+    _deaths.append((f"{thread} died: it raised {raised}{_where(death.exc_traceback)}", death))
 
 
 def _where(trace: TracebackType | None) -> str:
@@ -53,7 +57,8 @@ def _where(trace: TracebackType | None) -> str:
 
 
 def watch() -> None:
-    """Record the deaths of threads from now on (a new program: none recorded yet)."""
+    """Record the deaths of threads from now on (a new program: none recorded yet). Call
+    it once the engine is built: a machine whose construction fails has no teardown."""
     _deaths.clear()
     if threading.excepthook is not _record:
         _replaced[:] = [threading.excepthook]
@@ -61,15 +66,31 @@ def watch() -> None:
 
 
 def unwatch() -> None:
-    """Give the deaths back to the hook `watch` replaced (if nothing replaced this one since)."""
+    """Give the deaths back to the hook `watch` replaced (if nothing replaced this one
+    since), with those recorded but never reported (a thread that died after the last
+    check): that hook reports them as it would have."""
+    left = _taken()
     if threading.excepthook is _record and _replaced:
         threading.excepthook = _replaced.pop()
-    _deaths.clear()
+        for _, death in left:
+            threading.excepthook(death)
+
+
+def _taken() -> list[tuple[str, threading.ExceptHookArgs]]:
+    """The deaths recorded so far, taken (one a thread records meanwhile stays)."""
+    taken = _deaths[:]
+    del _deaths[: len(taken)]
+    return taken
 
 
 def died(call: str) -> list[Violation]:
     """VALID-INPUT for each thread that died since the latest report (during `call`, or
     after the call before it returned)."""
-    found = [Violation("VALID-INPUT", f"by the end of {call}, {death}") for death in _deaths]
-    _deaths.clear()
-    return found
+    return [Violation("VALID-INPUT", f"by the end of {call}, {text}") for text, _ in _taken()]
+
+
+def check(call: str) -> None:
+    """Raise PropertyViolated where a thread died since the latest report."""
+    found = died(call)
+    if found:
+        raise PropertyViolated(call, found)

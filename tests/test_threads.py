@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
+from kvoracle.oracle import threads
 from kvoracle.oracle.campaign import replay, run_machine
 from kvoracle.oracle.engines import file_module
 from kvoracle.oracle.findings import Last, confirms, fails_with, reproduction, run_reproduction
@@ -18,12 +19,13 @@ from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.targets import Target
-from kvoracle.spec.types import Ok, Outcome, TransferId
+from kvoracle.oracle.engine import BadInput
+from kvoracle.spec.types import Ok, Outcome, RequestId, TransferId
 
 
-def on_worker(work: Callable[[], None]) -> None:
+def on_worker(work: Callable[[], None], name: str | None = "io-worker") -> None:
     """Run `work` on a thread of its own and wait for it, as an engine waits for its I/O worker."""
-    worker = threading.Thread(target=work, name="io-worker")
+    worker = threading.Thread(target=work, name=name)
     worker.start()
     worker.join()
 
@@ -151,3 +153,58 @@ def test_the_reproduction_of_a_thread_death_fails_standalone(tmp_path: Path) -> 
     (tmp_path / "repro.py").write_text(reproduction(machine, result.counterexample, result.violation))  # type: ignore[arg-type]
     failure = run_reproduction(tmp_path / "repro.py")
     assert confirms(failure, "VALID-INPUT") and "thread 'io-worker' died: it raised ZeroDivisionError" in failure
+
+
+class UnnamedWorkerDies(ReferenceCache):
+    """CompletionWorkerDies with a worker Python names itself (Thread-<count> (work))."""
+
+    def complete(self, t: TransferId, outcome: Outcome) -> None:
+        def work() -> None:
+            if not isinstance(outcome, Ok):
+                raise OSError(f"storage answered {outcome}")
+            ReferenceCache.complete(self, t, outcome)
+
+        on_worker(work, name=None)
+
+
+def test_a_default_thread_name_is_reported_without_its_process_wide_count() -> None:
+    machine = machine_of(UnnamedWorkerDies, "cache")
+    result = run_machine(machine, seed_value=0, examples=30, steps=30)
+    assert "thread 'Thread (work)' died" in str(result.violation), result.violation
+    again = replay(machine, result.counterexample)  # other threads were made meanwhile: the same finding
+    assert again is not None and str(again.violations) == str(result.violation.violations)  # type: ignore[union-attr]
+
+
+class BadCallWorkerDies(ReferenceCache):
+    """Refuses a bad call as it must, but the worker that checked it dies."""
+
+    def bad_call(self, kind: BadInput, r: RequestId | None) -> bool:
+        on_worker(lambda: (_ for _ in ()).throw(RuntimeError("the validator crashed")))
+        return super().bad_call(kind, r)
+
+
+def test_a_thread_that_dies_in_a_bad_call_is_that_calls_finding() -> None:
+    result = run_machine(machine_of(BadCallWorkerDies, "cache"), seed_value=0, examples=30, steps=30)
+    assert result.first_id == "VALID-INPUT" and "the validator crashed" in str(result.violation)
+    assert result.counterexample[-1].startswith("state.bad_input("), result.counterexample
+
+
+class FailsToBuild(ReferenceCache):
+    def __init__(self) -> None:
+        raise OSError("no device")
+
+
+def test_a_machine_whose_engine_fails_to_build_leaves_the_hook_as_it_was() -> None:
+    before = threading.excepthook
+    with pytest.raises(OSError, match="no device"):
+        machine_of(FailsToBuild, "cache")()
+    assert threading.excepthook is before
+
+
+def test_a_death_never_reported_goes_to_the_hook_that_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda death: seen.append(repr(death.exc_value)))
+    threads.watch()
+    on_worker(lambda: (_ for _ in ()).throw(OSError("after the last check")))
+    threads.unwatch()
+    assert seen == ["OSError('after the last check')"]
