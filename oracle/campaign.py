@@ -112,10 +112,7 @@ def guarded() -> Iterator[None]:
     Ctrl-C told from the engine's own KeyboardInterrupt (oracle.interrupts); the
     machines watch the engine's threads themselves (oracle.threads)."""
     with watchdog.watching(), interrupts.listening():
-        try:
-            yield
-        finally:
-            threads.unwatch()  # a program whose engine was never built had no teardown to do it
+        yield
 
 
 @contextmanager
@@ -212,8 +209,9 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
         if interrupts.stops(e):
             raise
         return unexpected(e)
-    finally:
-        watchdog.pause()  # a failed program skips its teardown
+    finally:  # a failed program skips its teardown
+        watchdog.pause()
+        threads.unwatch()
     return None
 
 

@@ -66,14 +66,21 @@ def as_findings(test: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(test)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
+        with _carried_out():
             return test(*args, **kwargs)
-        except KeyboardInterrupt as e:
-            if stops(e):
-                raise
-            raise EngineInterrupt(e) from e
 
     return run
+
+
+@contextmanager
+def _carried_out() -> Iterator[None]:
+    """The engine's own KeyboardInterrupt leaves as EngineInterrupt; Ctrl-C as itself."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if stops(e):
+            raise
+        raise EngineInterrupt(e) from e
 
 
 def _counting(previous: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
@@ -96,12 +103,8 @@ def listening() -> Iterator[None]:
             signal.signal(signal.SIGINT, handler)
         _left.append(handler)
         _received[0] = 0
-        try:
+        with _carried_out():
             yield
-        except KeyboardInterrupt as e:
-            if stops(e):
-                raise
-            raise EngineInterrupt(e) from e
     finally:
         _left.clear()
         if handler is not previous:
