@@ -45,6 +45,7 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
+        hook = threads.hook()
         self.adapter = type(self).make_adapter()
         missing = set(REQUIRED_OPS) - self.adapter.operations
         if missing:
@@ -55,7 +56,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.audit = Audit()
-        threads.watch()  # from here on: a machine whose construction failed has no teardown to stop it
+        threads.watch(hook)  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- the checking core -----------------------------------------------------------
 

@@ -368,7 +368,7 @@ class Last:
     def __enter__(self) -> Last:
         self.watching = threading.excepthook is threading.__excepthook__
         if self.watching:
-            threads.watch()
+            threads.watch(threading.excepthook)
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, trace: object) -> bool:

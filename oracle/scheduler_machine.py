@@ -124,6 +124,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
+        hook = threads.hook()
         self.engine = type(self).make_adapter()
         self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
         self.clock = 0  # the checker's own clock: the ticks it made
@@ -140,7 +141,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
-        threads.watch()  # from here on: a machine whose construction failed has no teardown to stop it
+        threads.watch(hook)  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- checking -----------------------------------------------------------------------
 

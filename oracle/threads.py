@@ -27,7 +27,7 @@ from kvoracle.spec.invariants import Violation
 Hook = Callable[[threading.ExceptHookArgs], object]
 
 _deaths: list[tuple[str, threading.ExceptHookArgs]] = []  # recorded since the latest report
-_replaced: list[Hook] = []  # the hook `watch` replaced, while it records
+_replaced: list[Hook] = []  # the hook in place before the engine's build, until `unwatch` puts it back
 _NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+(_\d+)?")  # a process-wide count
 
 
@@ -56,23 +56,32 @@ def _where(trace: TracebackType | None) -> str:
     return f" at {'/'.join(Path(code.co_filename).parts[-2:])}:{trace.tb_lineno} in {code.co_name}"
 
 
-def watch() -> None:
+def hook() -> Hook:
+    """The hook in place now (a machine notes it before it builds its engine)."""
+    return threading.excepthook
+
+
+def watch(before_build: Hook) -> None:
     """Record the deaths of threads from now on (a new program: none recorded yet). Call
-    it once the engine is built: a machine whose construction fails has no teardown."""
+    it once the engine is built (a machine whose construction fails has no teardown),
+    with the hook in place before the build: an adapter that installed a hook of its
+    own as it built the engine keeps it, and takes the deaths over."""
     _deaths.clear()
-    if threading.excepthook is not _record:
-        _replaced[:] = [threading.excepthook]
+    if before_build is not _record:  # (_record left by a program that never unwatched: keep the older)
+        _replaced[:] = [before_build]
+    if threading.excepthook is before_build or threading.excepthook is _record:
         threading.excepthook = _record
 
 
 def unwatch() -> None:
-    """Give the deaths back to the hook `watch` replaced (if nothing replaced this one
-    since), with those recorded but never reported (a thread that died after the last
-    check): that hook reports them as it would have."""
+    """Put back the hook in place before the engine's build; if this module was still
+    recording, give that hook the deaths recorded but never reported (a thread that died
+    after the last check): it reports them as it would have."""
     left = _taken()
-    if threading.excepthook is _record and _replaced:
+    if _replaced:
+        recording = threading.excepthook is _record
         threading.excepthook = _replaced.pop()
-        for _, death in left:
+        for _, death in left if recording else ():
             threading.excepthook(death)
 
 

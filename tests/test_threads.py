@@ -204,7 +204,38 @@ def test_a_machine_whose_engine_fails_to_build_leaves_the_hook_as_it_was() -> No
 def test_a_death_never_reported_goes_to_the_hook_that_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     monkeypatch.setattr(threading, "excepthook", lambda death: seen.append(repr(death.exc_value)))
-    threads.watch()
+    threads.watch(threading.excepthook)
     on_worker(lambda: (_ for _ in ()).throw(OSError("after the last check")))
     threads.unwatch()
     assert seen == ["OSError('after the last check')"]
+
+
+STRANDED: list[str] = []  # what the engine's own hook saw
+
+
+def _engine_hook(death: threading.ExceptHookArgs) -> None:
+    STRANDED.append(repr(death.exc_value))
+
+
+class OwnHookAtBuild(PollerDies):
+    """An engine whose build installs a thread hook of its own (as the SGLang HiCache
+    adapter's script does, to model what a dead controller thread strands)."""
+
+    name = "own-hook-at-build"
+
+    def __init__(self) -> None:
+        super().__init__()
+        threading.excepthook = _engine_hook
+
+
+def test_an_engine_whose_build_installs_its_own_hook_keeps_its_deaths() -> None:
+    """Its hook takes the deaths over (the machine reports none of its own), and the hook
+    in place before the campaign is back afterwards."""
+    before = threading.excepthook
+    STRANDED.clear()
+    try:
+        result = run_machine(machine_of(OwnHookAtBuild, "scheduler"), seed_value=0, examples=30, steps=30)
+    finally:
+        threading.excepthook = before
+    assert result.passed, result.violation
+    assert STRANDED and all("the storage poller gave up" in death for death in STRANDED)
