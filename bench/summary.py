@@ -2,7 +2,7 @@
 second, bytes per stored state, the peak memory of its largest process; one search in
 one process, then split across processes and across a local Ray cluster; interpreted, and
 compiled by mypyc where a C compiler is found), each stateful machine with its audit after every step and
-after every 10th (steps per second), Hypothesis alone on the cache machine's rules and on two bare rules, the reference's bookkeeping per request next to
+after every 10th, its programs drawn by Hypothesis and by the random generator (steps per second), Hypothesis alone on the cache machine's rules and on two bare rules, the reference's bookkeeping per request next to
 each installed engine's, the speed-up of a campaign on two worker processes, and
 bench/gpu_check.py's swap and audit figures where torch or cupy finds a CUDA device. A
 benchmark, not a test: no asserts, and each figure is measured here and now, side by
@@ -40,6 +40,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
 
 from kvoracle.oracle import audit, isolation  # noqa: E402
 from kvoracle.oracle.cache_machine import CacheMachine, Tally  # noqa: E402
+from kvoracle.oracle import campaign  # noqa: E402
 from kvoracle.oracle.campaign import run_seeds  # noqa: E402
 from kvoracle.oracle.cli import main as kvoracle  # noqa: E402
 from kvoracle.oracle.cli import run_target  # noqa: E402
@@ -163,14 +164,17 @@ def machines(examples: int) -> list[Row]:
     machine with its audit and refinement off (what Hypothesis, the engine and its record
     cost); its rules with empty bodies, and two bare rules (what Hypothesis alone costs)."""
     rows = []
-    for every in (1, 10):
+    for generator, every in (("hypothesis", 1), ("hypothesis", 10), ("random", 1), ("random", 10)):
         audit.set_interval(every)
+        campaign.set_generator(generator)
         for target in (t for t in all_targets() if t.mutant is None):
             row = run_target(target, [0], examples, 100)
-            rows.append((f"{target.level} machine ({target.name}), audit every {every}",
+            drawn = "" if generator == "hypothesis" else ", random generator"
+            rows.append((f"{target.level} machine ({target.name}){drawn}, audit every {every}",
                          f"{row.steps / row.seconds:,.0f} steps/s",
                          f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
     audit.set_interval(1)
+    campaign.set_generator("hypothesis")
     start = time.perf_counter()
     unchecked = run_seeds(Unchecked, [0], examples=examples, steps=100)
     seconds, steps = time.perf_counter() - start, Unchecked.tally.steps

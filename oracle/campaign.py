@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import interrupts, threads, watchdog
+from kvoracle.oracle import interrupts, random_programs, threads, watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
@@ -47,26 +48,26 @@ def counts(result: RunResult | None, *numbers: int) -> list[str]:
     return ["-" if result is not None and result.ended is not None else str(n) for n in numbers]
 
 
+GENERATOR = ["hypothesis"]  # who draws the programs: "hypothesis", or "random" (oracle.random_programs)
+GENERATORS = ("hypothesis", "random")
+
+
+def set_generator(name: str) -> None:
+    if name not in GENERATORS:
+        raise ValueError(f"unknown program generator {name!r}: choose one of {', '.join(GENERATORS)}")
+    GENERATOR[0] = name
+
+
 def run_machine(
     machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True,
     baseline: Baseline | None = None,
 ) -> RunResult:
-    """Run `examples` random programs of up to `steps` steps from `seed_value`; violations
-    the baseline knows end their program without failing the run."""
-    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
-    config = settings(
-        max_examples=examples,
-        stateful_step_count=steps,
-        deadline=None,
-        database=None,
-        derandomize=False,
-        phases=phases,
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
-    test = seed(seed_value)(get_state_machine_test(machine, settings=config))
-    hooks = getattr(test, "hypothesis")  # Hypothesis's documented hook to wrap the program it runs
-    hooks.inner_test = interrupts.as_findings(hooks.inner_test)
+    """Run `examples` random programs of up to `steps` steps from `seed_value`, drawn by
+    the campaign's generator; violations the baseline knows end their program without
+    failing the run."""
+    programs = _random_programs(machine, seed_value, steps) if GENERATOR[0] == "random" else None
+    test = _hypothesis_test(machine, seed_value, examples, steps, shrink) if programs is None else (
+        lambda: programs.run(examples))
     start = time.perf_counter()
     found: PropertyViolated | None = None
     tally = getattr(machine, "tally", None)
@@ -100,10 +101,62 @@ def run_machine(
             PropertyViolated.baseline = None
             return RunResult(True, None, (), time.perf_counter() - start, known=known)
         # Outside the except block: teardown skips its drain check while an exception is handled.
-        steps_found = minimize(machine, counterexample_steps(found), found)
+        if programs is None:
+            steps_found = minimize(machine, counterexample_steps(found), found)
+        else:
+            found, steps_found = shrunk_random(machine, programs, found, shrink)
         PropertyViolated.baseline = None
     return RunResult(False, found, steps_found, time.perf_counter() - start, first[0] if first else None, known,
                      shown=tuple(map(readable, steps_found)))
+
+
+def _random_programs(machine: type[RuleBasedStateMachine], seed_value: int,
+                     steps: int) -> random_programs.Programs | None:
+    """The random generator's programs for this machine; None (Hypothesis draws them, and
+    stderr says why) where the machine needs Hypothesis's engine."""
+    try:
+        return random_programs.Programs(machine, seed_value, steps, REPLAY_NAMES)
+    except random_programs.Unsupported as e:
+        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): "
+              "Hypothesis draws them", file=sys.stderr)
+        return None
+
+
+def _hypothesis_test(machine: type[RuleBasedStateMachine], seed_value: int, examples: int, steps: int,
+                     shrink: bool) -> Callable[[], None]:
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    config = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=phases,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    test = seed(seed_value)(get_state_machine_test(machine, settings=config))
+    hooks = getattr(test, "hypothesis")  # Hypothesis's documented hook to wrap the program it runs
+    hooks.inner_test = interrupts.as_findings(hooks.inner_test)
+    return test
+
+
+def shrunk_random(machine: type[RuleBasedStateMachine], programs: random_programs.Programs,
+                  found: PropertyViolated, shrink: bool) -> tuple[PropertyViolated, tuple[str, ...]]:
+    """The random generator's failing program, replayed, then shrunk: the finding it
+    confirms and its steps, or (it did not fail the same way again) the finding as one
+    that did not replay, with no program, as Hypothesis reports a Flaky one."""
+    def again(program: list[random_programs.Call]) -> PropertyViolated | None:
+        return replay(machine, [random_programs.shown(c) for c in program], preconditions=True)
+
+    if not same_finding(found, again(programs.program), numbers=False):
+        return did_not_replay(Flaky("the failing program did not fail the same way when run again"), found), ()
+    program = programs.program
+    if shrink:
+        program = random_programs.shrink(programs.rules, program,
+                                         lambda trial: same_finding(found, again(trial), numbers=False))
+        found = again(program) or found  # the shrunk program's own report (its step, its message)
+    return found, tuple(random_programs.shown(c) for c in program)
 
 
 @contextmanager
@@ -189,17 +242,29 @@ def counterexample_steps(e: BaseException) -> tuple[str, ...]:
     return tuple(line.strip() for note in notes for line in note.splitlines() if _CALL.match(line.strip()))
 
 
+# The names a printed program's steps use besides `state`: what a replay evaluates them with.
+REPLAY_NAMES: dict[str, object] = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults,
+                                   "BadInput": BadInput}
+_RULE_NAME = re.compile(r"^state\.(\w+)\(")
+
+
 def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
-           more: Mapping[str, object] | None = None) -> PropertyViolated | None:
+           more: Mapping[str, object] | None = None, preconditions: bool = False) -> PropertyViolated | None:
     """Run a printed program again on a fresh machine; the violation it ends in, if any.
-    `more`: names the steps may use besides Hypothesis's own."""
-    names = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput,
-             **(more or {})}
+    `more`: names the steps may use besides Hypothesis's own. `preconditions`: a step
+    whose rule's preconditions do not hold there ends the program as no finding (a
+    program no generator draws); after the last step every rule's are evaluated, as a
+    generator choosing the next step does (one that raises there is a finding)."""
+    names = {**REPLAY_NAMES, **(more or {})}
     try:
         with guarded():
             state = machine()
             for step in steps:
+                if preconditions and not _enabled(machine, step, state):
+                    return None  # no teardown: what it would find belongs to a shorter program
                 eval(step, dict(names), {"state": state})  # steps are Hypothesis's own printout
+            if preconditions:
+                _choosing(machine, state)
             state.teardown()
     except PropertyViolated as e:
         return e
@@ -213,6 +278,22 @@ def replay(machine: type[RuleBasedStateMachine], steps: Sequence[str],
         watchdog.pause()
         threads.unwatch()
     return None
+
+
+def _enabled(machine: type[RuleBasedStateMachine], step: str, state: RuleBasedStateMachine) -> bool:
+    """Whether the preconditions of the step's rule hold in `state` (an exception one
+    raises is the finding, as in a campaign)."""
+    found = _RULE_NAME.match(step)
+    rule = getattr(getattr(machine, found.group(1), None), "hypothesis_stateful_rule", None) if found else None
+    return rule is None or all(p(state) for p in rule.preconditions)
+
+
+def _choosing(machine: type[RuleBasedStateMachine], state: RuleBasedStateMachine) -> None:
+    """Every rule's preconditions evaluated in `state`, for what they raise."""
+    for name in dir(machine):
+        rule = getattr(getattr(machine, name), "hypothesis_stateful_rule", None)
+        if rule is not None:
+            all(p(state) for p in rule.preconditions)
 
 
 def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding: PropertyViolated) -> tuple[str, ...]:
@@ -231,13 +312,25 @@ def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding
     return tuple(best)
 
 
-def same_finding(finding: PropertyViolated, other: PropertyViolated | None) -> bool:
+def same_finding(finding: PropertyViolated, other: PropertyViolated | None, numbers: bool = True) -> bool:
     """`other` is the finding again: the same first ID and, for VALID-INPUT (whatever
-    raised), the same call raising the same exception. Deleting a step can leave one
-    whose precondition no longer holds, and the machine's own code may then raise."""
+    raised), the same call raising the same exception (with `numbers` False, whatever
+    numbers its message holds: a shorter program may write fewer blocks). Deleting a
+    step can leave one whose precondition no longer holds, and the machine's own code
+    may then raise."""
     if other is None or other.first_id != finding.first_id:
         return False
-    return finding.first_id != "VALID-INPUT" or (other.step, other.violations[0]) == (finding.step, finding.violations[0])
+    if finding.first_id != "VALID-INPUT":
+        return True
+    said, again = finding.violations[0].message, other.violations[0].message
+    if not numbers:
+        said, again = _NUMBER.sub("#", said), _NUMBER.sub("#", again)
+    return other.step == finding.step and said == again
+
+
+# numbers as messages print them: decimal, 0x-hexadecimal, and a run of 8 or more hexadecimal
+# digits (a block hash); not a line number after a file name (two raise sites stay two)
+_NUMBER = re.compile(r"(?<!\.py:)\b(?:0x[0-9a-fA-F]+|(?=[0-9a-f]*[0-9])[0-9a-f]{8,}|[0-9]+)\b")
 
 
 _DRAWN_FAULTS = re.compile(r"_faults\((\d+)\)")

@@ -261,6 +261,7 @@ class Settings:
     kv_backend: str = ""  # "": KV_BACKEND from the environment
     audit_every: int = 1
     step_timeout: float = watchdog.LIMIT[0]
+    generator: str = "hypothesis"
 
     def check(self) -> None:
         """ValueError when one is out of range."""
@@ -274,12 +275,15 @@ class Settings:
             watchdog.check_limit(self.step_timeout)
         except ValueError as e:
             raise ValueError(f"--step-timeout: {e}") from None
+        if self.generator not in campaign.GENERATORS:
+            raise ValueError(f"--generator must be one of {', '.join(campaign.GENERATORS)}, got {self.generator!r}")
 
     def apply(self) -> None:
         """Set them in this process; ValueError, with nothing set, when one is out of range."""
         self.check()
         audit.set_interval(self.audit_every)
         watchdog.set_limit(self.step_timeout)
+        campaign.set_generator(self.generator)
         FAULT_RATE[0] = self.fault_rate
         if self.kv_backend:
             os.environ["KV_BACKEND"] = self.kv_backend
@@ -403,7 +407,7 @@ def settings_option(args: argparse.Namespace, pool: bool) -> Settings | None:
     before); None, with the reason printed and nothing set, when one is unusable."""
     try:
         settings = Settings(args.fault_rate, args.kv_backend or (default_backend() if pool else ""), args.audit_every,
-                            args.step_timeout)
+                            args.step_timeout, args.generator)
         settings.check()
         if pool:  # named, so that workers use it whatever their environment says
             make_pool(settings.kv_backend, "cpu", 1, 2, 1, 8)
@@ -634,7 +638,8 @@ def cmd_hunt(args: argparse.Namespace) -> int:
             for b in load():
                 print(f"{b.name:<34} {b.engine} {b.buggy} -> {b.fixed or '(no fix)'}  {b.public}: {b.what}")
             return 0
-        text, ok = hunt(args.only, say=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        text, ok = hunt(args.only, say=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True),
+                        generator=args.generator)
     except (CatalogueError, BuildError) as e:
         print(f"kvoracle hunt: {e}", file=sys.stderr)
         return 2
@@ -780,6 +785,12 @@ def parser() -> argparse.ArgumentParser:
                    help=f"a call into the engine still running after SECONDS is a finding (VALID-INPUT, the engine "
                         f"hung), and the campaign goes on; after one hang, later calls of that run get "
                         f"{watchdog.AFTER_HANG:g} s (default {watchdog.LIMIT[0]:g}; 0: no limit)")
+    c.add_argument("--generator", choices=campaign.GENERATORS, default="hypothesis",
+                   help="who draws the programs: 'hypothesis' (the default) or 'random': Python's random over the "
+                        "machines' own rules, preconditions and argument strategies, without Hypothesis's engine (more "
+                        "steps per second, most at the cache level); its failing program is replayed, then shrunk by "
+                        "deleting steps and simplifying arguments (docs/mutation.md, 'The random generator'); a seed "
+                        "draws other programs with each")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true",
@@ -851,6 +862,8 @@ def parser() -> argparse.ArgumentParser:
                                    "not installed with kvoracle).")
     h.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these bugs")
     h.add_argument("--list", action="store_true", help="list the catalogue and exit")
+    h.add_argument("--generator", choices=campaign.GENERATORS, default="hypothesis",
+                   help="who draws each campaign's programs (kvoracle check --generator; default hypothesis)")
     h.set_defaults(func=cmd_hunt)
     m = sub.add_parser("mutants", help="list the mutant catalogue")
     m.set_defaults(func=cmd_mutants)

@@ -240,12 +240,15 @@ def _compiled(source: str, where: str) -> tuple[CodeType, str]:
     """Engine calls repeat across a campaign's programs: compile each text once. With it,
     what the text gives back (Scripted.run): "value" for an expression, "_" for a
     statement that binds `_`, "" for any other."""
-    try:
-        return compile(ast.parse(source, where, "eval"), where, "eval"), "value"
+    try:  # compiled from the text: building Python's AST objects first would cost twice as much
+        return compile(source, where, "eval"), "value"
     except SyntaxError:
-        tree = ast.parse(source, where, "exec")
+        code = compile(source, where, "exec")
+    if "_" not in code.co_names:  # the name is neither read nor bound
+        return code, ""
+    tree = ast.parse(source, where, "exec")
     binds = any(isinstance(n, ast.Name) and n.id == "_" and isinstance(n.ctx, ast.Store) for n in ast.walk(tree))
-    return compile(tree, where, "exec"), "_" if binds else ""
+    return code, "_" if binds else ""
 
 
 def import_as(cls: type, alias: str) -> str:

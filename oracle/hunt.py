@@ -147,11 +147,11 @@ class Outcome:
     detail: str = ""
 
 
-def campaign(env: Path, bug: KnownBug, version: str, out: Path) -> Outcome:
+def campaign(env: Path, bug: KnownBug, version: str, out: Path, generator: str = "hypothesis") -> Outcome:
     """`kvoracle check --adapter` in the release's environment, from outside the checkout."""
     report = out / f"{bug.name}-{version}.json"
     cmd = [str(env / "bin" / "kvoracle"), "check", "--adapter", bug.adapter, "--seeds", str(bug.seeds),
-           "--examples", str(bug.examples), "--json", str(report), "--no-coverage",
+           "--examples", str(bug.examples), "--json", str(report), "--no-coverage", "--generator", generator,
            *(f"--expect={k}" for k in bug.known)]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
@@ -185,7 +185,7 @@ def table(rows: Sequence[tuple[KnownBug, Outcome, Outcome | None]]) -> str:
 
 
 def _run(builder: Builder, bug: KnownBug, version: str, built: Path, out: Path,
-         say: Callable[[str], None]) -> Outcome:
+         say: Callable[[str], None], generator: str) -> Outcome:
     """One release: its environment (a failed build is that row's error, not the hunt's end)
     and the campaign."""
     say(f"{bug.name}: {bug.engine} {version}")
@@ -193,11 +193,13 @@ def _run(builder: Builder, bug: KnownBug, version: str, built: Path, out: Path,
         env = builder.environment(bug.engine, version, built)
     except BuildError as e:
         return Outcome(version, "ERROR", detail=str(e).splitlines()[0])
-    return campaign(env, bug, version, out)
+    return campaign(env, bug, version, out, generator)
 
 
-def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None) -> tuple[str, bool]:
-    """Run every row (or those named); the table, and whether every row was as expected."""
+def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None,
+         generator: str = "hypothesis") -> tuple[str, bool]:
+    """Run every row (or those named), each campaign's programs drawn by `generator`; the
+    table, and whether every row was as expected."""
     bugs = [b for b in load() if not only or b.name in only]
     unknown = set(only) - {b.name for b in bugs}
     if unknown:
@@ -207,8 +209,8 @@ def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None) 
     builder, built = Builder(say=say), wheel()
     rows: list[tuple[KnownBug, Outcome, Outcome | None]] = []
     for bug in bugs:
-        b = _run(builder, bug, bug.buggy, built, out, say)
-        f = _run(builder, bug, bug.fixed, built, out, say) if bug.fixed else None
+        b = _run(builder, bug, bug.buggy, built, out, say, generator)
+        f = _run(builder, bug, bug.fixed, built, out, say, generator) if bug.fixed else None
         rows.append((bug, b, f))
         say(f"{bug.name}: {'caught' if caught(bug, b) else 'NOT caught'} ({b.first_id or b.verdict})"
             + ("" if f is None else f"; fixed release: {f.verdict} {f.first_id}".rstrip()))

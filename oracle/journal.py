@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.oracle import watchdog
+from kvoracle.oracle.random_programs import PRINTED
 
 TEARDOWN = "state.teardown()"  # the last line when the process ended in the teardown (its drain)
 _RULE = "hypothesis_stateful_rule"  # where Hypothesis's @rule leaves a rule (Hypothesis is pinned)
@@ -105,8 +106,12 @@ def _logged(name: str, found: Any, journal: Journal) -> object:
     def step(self: Any, *given: object, **arguments: object) -> object:
         if getattr(self, "_in_step", False):
             return found.function(self, *given, **arguments)
-        shown = ", ".join([*(_shown(self, v) for v in given), *(f"{k}={_shown(self, v)}" for k, v in arguments.items())])
-        journal.write(f"state.{name}({shown})")
+        printed = self.__dict__.pop(PRINTED, None)  # the random generator printed the step itself
+        if printed is None:
+            shown = ", ".join([*(_shown(self, v) for v in given),
+                               *(f"{k}={_shown(self, v)}" for k, v in arguments.items())])
+            printed = f"state.{name}({shown})"
+        journal.write(printed)
         self._in_step = True
         try:
             return found.function(self, *given, **arguments)

@@ -189,7 +189,9 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("counter-drift", 6, "Evictable counter disagrees with the structures",
            "a node re-shared by a match stays counted as evictable", frozenset({"INV-COUNTERS"}), CounterDrift),
     Mutant("cross-tier", 7, "GPU id pushed into the CPU free list",
-           "a finished swap-in frees its GPU id to the CPU free list", frozenset({"INV-TIER", "INV-CONSERVE"}), CrossTier),
+           "a finished swap-in frees its GPU id to the CPU free list",
+           # a GPU id past the CPU pool's end, once handed out, makes the next copy into it raise
+           frozenset({"INV-TIER", "INV-CONSERVE", "VALID-INPUT"}), CrossTier),
     Mutant("duplicate-overwrite", 8, "Duplicate hash overwrites an existing child",
            "commit inserts without looking for an existing child", frozenset({"INV-TREE"}), DuplicateOverwrite),
     Mutant("recycle-listed", 9, "Block recycled while a request's table lists it",

@@ -6,7 +6,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hypothesis import reject
+from hypothesis import currently_in_test_context, reject
+from hypothesis.errors import UnsatisfiedAssumption
 
 from kvoracle.oracle.interrupts import stops
 from kvoracle.spec.invariants import Violation
@@ -41,7 +42,9 @@ class PropertyViolated(AssertionError):
         known = PropertyViolated.baseline
         if known is not None and violations and all(known.known(v, step) for v in violations):
             known.seen.update({v.id for v in violations})
-            reject()  # a known violation: this program ends here, uncounted
+            if currently_in_test_context():
+                reject()  # a known violation: this program ends here, uncounted
+            raise UnsatisfiedAssumption("a known violation")  # the same, outside Hypothesis's engine
         self.step = step
         self.violations = [v for v in violations if known is None or not known.known(v, step)]
         lines = "\n".join(f"  {v}" for v in self.violations[:8])

@@ -18,7 +18,7 @@ import pytest
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from kvoracle.kvcache.faults import FaultKind
-from kvoracle.oracle import garbage
+from kvoracle.oracle import campaign, garbage
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.campaign import readable, replay, run_machine, shown
 from kvoracle.oracle import cli
@@ -522,8 +522,15 @@ class RemembersAcrossPrograms(RuleBasedStateMachine):
             raise PropertyViolated("call", [Violation("INV-CONSERVE", "block 1 is owned twice")])
 
 
-def test_a_failure_that_does_not_replay_still_says_what_it_found_and_why_there_is_no_program() -> None:
-    result = run_machine(RemembersAcrossPrograms, seed_value=0, examples=50, steps=20)
+@pytest.mark.parametrize("generator", campaign.GENERATORS)
+def test_a_failure_that_does_not_replay_still_says_what_it_found_and_why_there_is_no_program(generator: str) -> None:
+    RemembersAcrossPrograms.calls[0] = 0
+    campaign.set_generator(generator)
+    try:
+        result = run_machine(RemembersAcrossPrograms, seed_value=0, examples=50, steps=20)
+    finally:
+        campaign.set_generator("hypothesis")
+    assert result.counterexample == ()
     assert not result.passed and result.violation is not None
     assert result.violation.first_id == "INV-CONSERVE"
     message = result.violation.violations[0].message
