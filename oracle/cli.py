@@ -862,8 +862,9 @@ def parser() -> argparse.ArgumentParser:
                                    "not installed with kvoracle).")
     h.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these bugs")
     h.add_argument("--list", action="store_true", help="list the catalogue and exit")
-    h.add_argument("--generator", choices=campaign.GENERATORS, default="hypothesis",
-                   help="who draws each campaign's programs (kvoracle check --generator; default hypothesis)")
+    h.add_argument("--generator", choices=campaign.GENERATORS,
+                   help="who draws every campaign's programs (kvoracle check --generator; default: each row's own, "
+                        "hypothesis where the catalogue names none)")
     h.set_defaults(func=cmd_hunt)
     m = sub.add_parser("mutants", help="list the mutant catalogue")
     m.set_defaults(func=cmd_mutants)

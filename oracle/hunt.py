@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvoracle.oracle.campaign import GENERATORS
 from kvoracle.oracle.report import columns
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository (hunt runs from a checkout)
@@ -47,6 +48,7 @@ class KnownBug:
     examples: int = 150
     note: str = ""  # why a row cannot be run, or what to know when reading it
     known: tuple[str, ...] = ()  # ID[:STEP] of other bugs both releases have (check --expect): gone past
+    generator: str = "hypothesis"  # who draws the programs (check --generator; `hunt --generator` overrides it)
 
 
 def load(path: Path = CATALOGUE) -> list[KnownBug]:
@@ -60,7 +62,10 @@ def load(path: Path = CATALOGUE) -> list[KnownBug]:
             raise CatalogueError(f"{path.name}: bug {i + 1} ({e.get('name', '?')}) lacks {', '.join(missing)}")
         out.append(KnownBug(e["name"], e["engine"], e["what"], e["public"], e["buggy"], e.get("fixed", ""),
                             e["adapter"], tuple(e["expect"]), e.get("seeds", 3), e.get("examples", 150),
-                            e.get("note", ""), tuple(e.get("known", ()))))
+                            e.get("note", ""), tuple(e.get("known", ())), e.get("generator", "hypothesis")))
+        if out[-1].generator not in GENERATORS:
+            raise CatalogueError(f"{path.name}: bug {i + 1} ({e['name']}): no generator {out[-1].generator!r} "
+                                 f"(one of {', '.join(GENERATORS)})")
     return out
 
 
@@ -197,9 +202,9 @@ def _run(builder: Builder, bug: KnownBug, version: str, built: Path, out: Path,
 
 
 def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None,
-         generator: str = "hypothesis") -> tuple[str, bool]:
-    """Run every row (or those named), each campaign's programs drawn by `generator`; the
-    table, and whether every row was as expected."""
+         generator: str | None = None) -> tuple[str, bool]:
+    """Run every row (or those named), each campaign's programs drawn by `generator`
+    (None: the row's own); the table, and whether every row was as expected."""
     bugs = [b for b in load() if not only or b.name in only]
     unknown = set(only) - {b.name for b in bugs}
     if unknown:
@@ -209,8 +214,9 @@ def hunt(only: Sequence[str] = (), say: Callable[[str], None] = lambda _: None,
     builder, built = Builder(say=say), wheel()
     rows: list[tuple[KnownBug, Outcome, Outcome | None]] = []
     for bug in bugs:
-        b = _run(builder, bug, bug.buggy, built, out, say, generator)
-        f = _run(builder, bug, bug.fixed, built, out, say, generator) if bug.fixed else None
+        drawn_by = generator or bug.generator
+        b = _run(builder, bug, bug.buggy, built, out, say, drawn_by)
+        f = _run(builder, bug, bug.fixed, built, out, say, drawn_by) if bug.fixed else None
         rows.append((bug, b, f))
         say(f"{bug.name}: {'caught' if caught(bug, b) else 'NOT caught'} ({b.first_id or b.verdict})"
             + ("" if f is None else f"; fixed release: {f.verdict} {f.first_id}".rstrip()))
