@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "-" if first is None else f"{first:,}", str(row.shrunk), f"{row.seconds:.1f}",
                          f"{row.steps / row.seconds:,.0f}"))
             print(f"  {target.name} ({generator}): {row.verdict}", file=sys.stderr, flush=True)
-    campaign.set_generator("hypothesis")
+    campaign.set_generator(campaign.DEFAULT_GENERATOR)
     for generator, (shrunk, seconds, steps) in totals.items():
         rows.append(("all", "", generator, "", "", "", f"{shrunk:.0f}", f"{seconds:.1f}", f"{steps / seconds:,.0f}"))
     print(columns(("target", "level", "generator", "verdict", "first ID", "first catch", "shrunk", "seconds",

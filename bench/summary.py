@@ -38,7 +38,7 @@ import engine_speed  # noqa: E402  (bench/ is on sys.path when run as a script)
 import gpu_check  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
 
-from kvoracle.oracle import audit, isolation  # noqa: E402
+from kvoracle.oracle import audit, isolation, stateful  # noqa: E402
 from kvoracle.oracle.cache_machine import CacheMachine, Tally  # noqa: E402
 from kvoracle.oracle import campaign  # noqa: E402
 from kvoracle.oracle.campaign import run_seeds  # noqa: E402
@@ -127,17 +127,14 @@ class Unchecked(CacheMachine):
 
 def rules_alone(machine: type[RuleBasedStateMachine]) -> tuple[type[RuleBasedStateMachine], Tally]:
     """A machine with `machine`'s rules and their argument strategies, whose bodies only
-    count their calls. It reads the rules where Hypothesis's `@rule` leaves them (an
-    attribute of the decorated function; Hypothesis is pinned)."""
+    count their calls (oracle.stateful reads the rules)."""
     tally = Tally()
     body: dict[str, object] = {"tally": tally}
-    for name in dir(machine):
-        found = getattr(getattr(machine, name), "hypothesis_stateful_rule", None)
-        if found is not None:
-            def count(self: RuleBasedStateMachine, **_: object) -> None:
-                tally.steps += 1
-            as_rule: Callable[..., Callable[[Callable[..., None]], object]] = rule  # with the strategies of `found`
-            body[name] = as_rule(**found.arguments)(count)
+    for name, found in stateful.rules(machine).items():
+        def count(self: RuleBasedStateMachine, **_: object) -> None:
+            tally.steps += 1
+        as_rule: Callable[..., Callable[[Callable[..., None]], object]] = rule  # with the strategies of `found`
+        body[name] = as_rule(**found.arguments)(count)
     return type(f"{machine.__name__}RulesAlone", (RuleBasedStateMachine,), body), tally
 
 
@@ -174,7 +171,7 @@ def machines(examples: int) -> list[Row]:
                          f"{row.steps / row.seconds:,.0f} steps/s",
                          f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
     audit.set_interval(1)
-    campaign.set_generator("hypothesis")
+    campaign.set_generator(campaign.DEFAULT_GENERATOR)
     start = time.perf_counter()
     unchecked = run_seeds(Unchecked, [0], examples=examples, steps=100)
     seconds, steps = time.perf_counter() - start, Unchecked.tally.steps

@@ -86,9 +86,9 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        hook = threads.hook()
-        self.engine = type(self).make_adapter()
-        self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
+        with threads.building():  # the engine's threads watched from here to the teardown
+            self.engine = type(self).make_adapter()
+            self.model: CacheState | None = self.engine.abstract()  # the checker's record (None: not refinable)
         self.live: dict[RequestId, Live] = {}
         self.gone: list[RequestId] = []
         self.comeback: list[int] | None = None  # the tokens of the request released last
@@ -97,7 +97,6 @@ class CacheMachine(RuleBasedStateMachine):
         self.asked = 0  # blocks the latest GPU eviction asked for
         self.audit = Audit()
         self.refining: tuple[CacheState, Call] | None = None  # the record before the call being refined, and the call
-        threads.watch(hook)  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- the checking core -----------------------------------------------------------
 

@@ -16,10 +16,11 @@ from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import interrupts, random_programs, threads, watchdog
+from kvoracle.oracle import interrupts, random_programs, stateful, threads, watchdog
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
+from kvoracle.oracle.step_deletion import delete_runs
 from kvoracle.oracle.violations import Baseline, PropertyViolated, described
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
@@ -48,8 +49,10 @@ def counts(result: RunResult | None, *numbers: int) -> list[str]:
     return ["-" if result is not None and result.ended is not None else str(n) for n in numbers]
 
 
-GENERATOR = ["hypothesis"]  # who draws the programs: "hypothesis", or "random" (oracle.random_programs)
-GENERATORS = ("hypothesis", "random")
+DEFAULT_GENERATOR = "both"
+GENERATOR = [DEFAULT_GENERATOR]  # who draws the programs: "hypothesis", "random" (oracle.random_programs), or "both"
+DRAWERS = ("hypothesis", "random")  # the generators that draw programs themselves ("both" runs the two)
+GENERATORS = (*DRAWERS, "both")
 
 
 def set_generator(name: str) -> None:
@@ -58,14 +61,29 @@ def set_generator(name: str) -> None:
     GENERATOR[0] = name
 
 
+def generators(machine: type[RuleBasedStateMachine]) -> tuple[str, ...]:
+    """The generators a campaign's seeds run under, one after the other: "both" is every
+    seed drawn by Hypothesis, then (all passed) every seed drawn at random, where the
+    random generator can draw the machine's programs. Hypothesis first: what it catches
+    is reported as it always was, and the random pass adds only what it misses."""
+    if GENERATOR[0] != "both":
+        return (GENERATOR[0],)
+    try:
+        random_programs.rules_of(machine, REPLAY_NAMES)
+    except random_programs.Unsupported:
+        return ("hypothesis",)
+    return ("hypothesis", "random")
+
+
 def run_machine(
     machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True,
-    baseline: Baseline | None = None,
+    baseline: Baseline | None = None, generator: str = "",
 ) -> RunResult:
     """Run `examples` random programs of up to `steps` steps from `seed_value`, drawn by
-    the campaign's generator; violations the baseline knows end their program without
-    failing the run."""
-    programs = _random_programs(machine, seed_value, steps) if GENERATOR[0] == "random" else None
+    `generator` ("hypothesis" or "random"; by default the campaign's, Hypothesis for
+    "both"); violations the baseline knows end their program without failing the run."""
+    drawn_by = generator or ("hypothesis" if GENERATOR[0] == "both" else GENERATOR[0])
+    programs = _random_programs(machine, seed_value, steps) if drawn_by == "random" else None
     test = _hypothesis_test(machine, seed_value, examples, steps, shrink) if programs is None else (
         lambda: programs.run(examples))
     start = time.perf_counter()
@@ -201,13 +219,16 @@ def run_seeds(
     machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int,
     baseline: Baseline | None = None,
 ) -> RunResult:
-    """Run seed after seed; stop at the first that finds a violation."""
+    """Run seed after seed, under each of the campaign's generators in turn; stop at the
+    first seed that finds a violation."""
     if not seeds:
         raise ValueError("no seeds to run")
-    for s in seeds:
-        result = run_machine(machine, seed_value=s, examples=examples, steps=steps, baseline=baseline)
-        if not result.passed:
-            break
+    for generator in generators(machine):
+        for s in seeds:
+            result = run_machine(machine, seed_value=s, examples=examples, steps=steps, baseline=baseline,
+                                 generator=generator)
+            if not result.passed:
+                return result
     return result
 
 
@@ -284,32 +305,22 @@ def _enabled(machine: type[RuleBasedStateMachine], step: str, state: RuleBasedSt
     """Whether the preconditions of the step's rule hold in `state` (an exception one
     raises is the finding, as in a campaign)."""
     found = _RULE_NAME.match(step)
-    rule = getattr(getattr(machine, found.group(1), None), "hypothesis_stateful_rule", None) if found else None
+    rule = stateful.rule(machine, found.group(1)) if found else None
     return rule is None or all(p(state) for p in rule.preconditions)
 
 
 def _choosing(machine: type[RuleBasedStateMachine], state: RuleBasedStateMachine) -> None:
     """Every rule's preconditions evaluated in `state`, for what they raise."""
-    for name in dir(machine):
-        rule = getattr(getattr(machine, name), "hypothesis_stateful_rule", None)
-        if rule is not None:
-            all(p(state) for p in rule.preconditions)
+    for rule in stateful.rules(machine).values():
+        all(p(state) for p in rule.preconditions)
 
 
 def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding: PropertyViolated) -> tuple[str, ...]:
     """Delete steps while the program still fails with the same finding (Hypothesis's
     stateful shrinker sometimes leaves no-op steps in)."""
-    best = list(steps)
-    if not best or not same_finding(finding, replay(machine, best)):
-        return tuple(best)  # not replayable as printed: keep Hypothesis's answer
-    i = 0
-    while i < len(best):
-        trial = best[:i] + best[i + 1 :]
-        if same_finding(finding, replay(machine, trial)):
-            best = trial
-        else:
-            i += 1
-    return tuple(best)
+    if not steps or not same_finding(finding, replay(machine, steps)):
+        return tuple(steps)  # not replayable as printed: keep Hypothesis's answer
+    return tuple(delete_runs(list(steps), lambda trial: same_finding(finding, replay(machine, trial))))
 
 
 def same_finding(finding: PropertyViolated, other: PropertyViolated | None, numbers: bool = True) -> bool:

@@ -27,7 +27,7 @@ from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
-from kvoracle.oracle import audit, watchdog
+from kvoracle.oracle import audit, stateful, watchdog
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.isolation import Ended
@@ -261,7 +261,7 @@ class Settings:
     kv_backend: str = ""  # "": KV_BACKEND from the environment
     audit_every: int = 1
     step_timeout: float = watchdog.LIMIT[0]
-    generator: str = "hypothesis"
+    generator: str = campaign.DEFAULT_GENERATOR
 
     def check(self) -> None:
         """ValueError when one is out of range."""
@@ -555,7 +555,7 @@ def step_names(level: str) -> set[str]:
     from kvoracle.oracle.scheduler_machine import DiskMachine
 
     machine = {"engine": EngineMachine, "cache": CacheMachine, "scheduler": DiskMachine}[level]  # DiskMachine: all the scheduler's rules
-    rules = {n for n in dir(machine) if hasattr(getattr(machine, n), "hypothesis_stateful_rule")}
+    rules = set(stateful.rules(machine))
     protocol = PROTOCOLS[level]
     return rules | {n for n, member in vars(protocol).items() if not n.startswith("_") and callable(member)}
 
@@ -785,12 +785,13 @@ def parser() -> argparse.ArgumentParser:
                    help=f"a call into the engine still running after SECONDS is a finding (VALID-INPUT, the engine "
                         f"hung), and the campaign goes on; after one hang, later calls of that run get "
                         f"{watchdog.AFTER_HANG:g} s (default {watchdog.LIMIT[0]:g}; 0: no limit)")
-    c.add_argument("--generator", choices=campaign.GENERATORS, default="hypothesis",
-                   help="who draws the programs: 'hypothesis' (the default) or 'random': Python's random over the "
-                        "machines' own rules, preconditions and argument strategies, without Hypothesis's engine (more "
-                        "steps per second, most at the cache level); its failing program is replayed, then shrunk by "
-                        "deleting steps and simplifying arguments (docs/mutation.md, 'The random generator'); a seed "
-                        "draws other programs with each")
+    c.add_argument("--generator", choices=campaign.GENERATORS, default=campaign.DEFAULT_GENERATOR,
+                   help="who draws the programs: 'hypothesis', 'random' (Python's random over the machines' own "
+                        "rules, preconditions and argument strategies, without Hypothesis's engine: more steps per "
+                        "second, most at the cache level; its failing program is replayed, then shrunk by deleting "
+                        "steps and simplifying arguments), or 'both' (the default): every seed drawn by Hypothesis, "
+                        "then, if all pass, every seed drawn at random (docs/mutation.md, 'The random generator'); "
+                        "a seed draws other programs with each")
     c.add_argument("--kv-backend", choices=["numpy", "paddle", "torch", "cupy"],
                    help="block-pool backend of the scheduler machine (default: KV_BACKEND, else numpy)")
     c.add_argument("--show", action="store_true",

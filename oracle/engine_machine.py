@@ -45,18 +45,17 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        hook = threads.hook()
-        self.adapter = type(self).make_adapter()
-        missing = set(REQUIRED_OPS) - self.adapter.operations
-        if missing:
-            raise TypeError(f"{self.adapter.name}: an adapter must support {sorted(op.value for op in missing)}")
+        with threads.building():  # the engine's threads watched from here to the teardown
+            self.adapter = type(self).make_adapter()
+            missing = set(REQUIRED_OPS) - self.adapter.operations
+            if missing:
+                raise TypeError(f"{self.adapter.name}: an adapter must support {sorted(op.value for op in missing)}")
         self.live: dict[str, int] = {}  # request -> tokens held (computed)
         self.prompts: dict[str, list[int]] = {}  # request -> the prompt tokens still to prefill
         self.gone: list[str] = []
         self.next_request = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
         self.audit = Audit()
-        threads.watch(hook)  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- the checking core -----------------------------------------------------------
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -366,9 +365,9 @@ class Last:
     watching = False
 
     def __enter__(self) -> Last:
-        self.watching = threading.excepthook is threading.__excepthook__
+        self.watching = threads.pythons_own()
         if self.watching:
-            threads.watch(threading.excepthook)
+            threads.watch(threads.hook())
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, trace: object) -> bool:

@@ -9,7 +9,6 @@ kernel has them whatever ends the process next.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,11 +16,10 @@ from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from kvoracle.oracle import watchdog
+from kvoracle.oracle import stateful, watchdog
 from kvoracle.oracle.random_programs import PRINTED
 
 TEARDOWN = "state.teardown()"  # the last line when the process ended in the teardown (its drain)
-_RULE = "hypothesis_stateful_rule"  # where Hypothesis's @rule leaves a rule (Hypothesis is pinned)
 
 
 class Journal:
@@ -65,10 +63,8 @@ def journaled(machine: type[RuleBasedStateMachine], journal: Journal) -> type[Ru
     runs, and TEARDOWN before the teardown. The rules, their arguments and preconditions
     are the same, so a seed draws the same programs."""
     body: dict[str, Any] = {"__init__": _restarting(machine, journal), "teardown": _noting_teardown(machine, journal)}
-    for name, member in inspect.getmembers(machine):
-        found = getattr(member, _RULE, None)
-        if found is not None:
-            body[name] = _logged(name, found, journal)
+    for name, found in stateful.rules(machine).items():
+        body[name] = _logged(name, found, journal)
     return type(machine.__name__, (machine,), body)
 
 

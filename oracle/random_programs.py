@@ -32,7 +32,8 @@ from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.strategies import SearchStrategy
 from hypothesis.vendor.pretty import pretty
 
-from kvoracle.oracle import interrupts
+from kvoracle.oracle import interrupts, stateful
+from kvoracle.oracle.step_deletion import delete_runs
 
 WIDE = 64  # an integer range wider than this draws its lower bound one time in five
 
@@ -202,16 +203,12 @@ class Rule:
 def rules_of(machine: type[RuleBasedStateMachine], names: Mapping[str, object]) -> list[Rule]:
     """The machine's rules, in name order (`names`: what a replay evaluates printed steps
     with); Unsupported where it needs Hypothesis's engine."""
+    others = stateful.other_members(machine)
+    if others:
+        name = min(others)
+        raise Unsupported(f"{machine.__name__}.{name} is {others[name]}")
     found = []
-    for name in sorted(dir(machine)):
-        member = getattr(machine, name)
-        if getattr(member, "hypothesis_stateful_initialize_rule", None) is not None:
-            raise Unsupported(f"{machine.__name__}.{name} is an initialize rule")
-        if getattr(member, "hypothesis_stateful_invariant", None) is not None:
-            raise Unsupported(f"{machine.__name__}.{name} is an invariant")
-        rule = getattr(member, "hypothesis_stateful_rule", None)
-        if rule is None:
-            continue
+    for name, rule in stateful.rules(machine).items():
         if rule.bundles or rule.targets:
             raise Unsupported(f"{machine.__name__}.{name} uses bundles")
         arguments = {k: drawer(v, names) for k, v in sorted(rule.arguments.items())}
@@ -300,32 +297,17 @@ def shrink(rules: Sequence[Rule], program: list[Call], fails: Callable[[list[Cal
     left, deadline = [tries], time.monotonic() + seconds
 
     def still_fails(trial: list[Call]) -> bool:
+        if not trial:
+            return False
         left[0] -= 1
         return left[0] >= 0 and time.monotonic() < deadline and fails(trial)
 
     draws = {r.name: r.arguments for r in rules}
     while left[0] > 0 and time.monotonic() < deadline:
         before = program
-        program = _simplified(_deleted(program, still_fails), draws, still_fails)
+        program = _simplified(delete_runs(program, still_fails), draws, still_fails)
         if program == before:
             break
-    return program
-
-
-SHORT = 32  # a program this short tries deleting each run of steps at every offset
-
-
-def _deleted(program: list[Call], fails: Callable[[list[Call]], bool]) -> list[Call]:
-    size = len(program) // 2
-    while size >= 1:
-        i = 0
-        while i + size <= len(program):
-            trial = program[:i] + program[i + size :]
-            if trial and fails(trial):
-                program = trial
-            else:
-                i += 1 if len(program) <= SHORT else size
-        size //= 2
     return program
 
 

@@ -124,15 +124,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         watchdog.kick()  # building the engine is watched too
-        hook = threads.hook()
-        self.engine = type(self).make_adapter()
-        self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
+        with threads.building():  # the engine's threads watched from here to the teardown
+            self.engine = type(self).make_adapter()
+            self.model: System | None = self.engine.state()  # the checker's record (None: not refinable)
+            self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
         self.clock = 0  # the checker's own clock: the ticks it made
         self.seen: dict[object, int] = {}  # transfer -> tick the checker first saw it in flight
         self.next_request = 0
         self.injected = 0
         self.mark = 0  # engine calls made before the current one (for reproductions)
-        self.prompts = _family(getattr(self.engine, "prompts", PROMPTS), self.engine)
         self.lengths: dict[str, int] = {}  # request -> its prompt's tokens
         self.fresh: set[str] = set()  # requests never admitted yet
         self.streak = liveness.Streak()  # the latest scheduling steps in a row that stalled, stood still
@@ -141,7 +141,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
-        threads.watch(hook)  # from here on: a machine whose construction failed has no teardown to stop it
 
     # --- checking -----------------------------------------------------------------------
 

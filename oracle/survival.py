@@ -23,6 +23,7 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import Scripted
 from kvoracle.oracle.isolation import Ended, in_child
 from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
+from kvoracle.oracle.step_deletion import delete_runs
 from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
 
@@ -125,19 +126,7 @@ def shrink(machine: type[RuleBasedStateMachine], program: Sequence[str], last: s
         if not ends_alike(program):
             return None
         body, tail = (list(program), []) if last == TEARDOWN else (list(program[:-1]), list(program[-1:]))
-        size = max(1, len(body) // 2)
-        while body:
-            i = 0
-            while i < len(body):
-                trial = body[:i] + body[i + size:]
-                if ends_alike(trial + tail):
-                    body = trial
-                else:
-                    i += size
-            if size == 1:
-                break
-            size //= 2
-        return body + tail
+        return delete_runs(body, lambda trial: ends_alike(trial + tail), short=0) + tail
 
 
 def _quiet() -> None:

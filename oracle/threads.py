@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -57,15 +58,39 @@ def _where(trace: TracebackType | None) -> str:
 
 
 def hook() -> Hook:
-    """The hook in place now (a machine notes it before it builds its engine)."""
+    """The hook in place now."""
     return threading.excepthook
 
 
+@contextmanager
+def building() -> Iterator[None]:
+    """A machine's construction (its engine's build, its first looks at the engine), with
+    the deaths of threads recorded from its start, as `watch` records them; that goes on
+    after a construction that succeeds, until `unwatch` (the machine's teardown). A thread
+    that died meanwhile is a finding (VALID-INPUT), raised as the construction ends; a
+    construction that fails, or finds one, unwatches first (the machine has no teardown)."""
+    watch(hook())
+    try:
+        yield
+        found = died("the engine's build")
+    except BaseException:
+        unwatch()
+        raise
+    if found:
+        unwatch()
+        raise PropertyViolated("__init__", found)
+
+
+def pythons_own() -> bool:
+    """Whether Python's own hook is in place (no engine has installed one)."""
+    return threading.excepthook is threading.__excepthook__
+
+
 def watch(before_build: Hook) -> None:
-    """Record the deaths of threads from now on (a new program: none recorded yet). Call
-    it once the engine is built (a machine whose construction fails has no teardown),
-    with the hook in place before the build: an adapter that installed a hook of its
-    own as it built the engine keeps it, and takes the deaths over."""
+    """Record the deaths of threads from now on (a new program: none recorded yet),
+    `before_build` being the hook in place before the engine's build: an adapter that
+    installs a hook of its own as it builds the engine keeps it, and takes the deaths
+    over."""
     _deaths.clear()
     if before_build is not _record:  # (_record left by a program that never unwatched: keep the older)
         _replaced[:] = [before_build]

@@ -47,6 +47,7 @@ WEIGHTS: dict[str, int] = {
     "test_observation.py": 8,
     "test_scheduler_machine.py": 5,
     "test_checker_strength.py": 1,
+    "test_step_deletion.py": 1,
     "test_disk.py": 12,
     "test_engine_fastdeploy.py": 1,
     "test_engine_fastdeploy_chunked.py": 1,

@@ -522,14 +522,14 @@ class RemembersAcrossPrograms(RuleBasedStateMachine):
             raise PropertyViolated("call", [Violation("INV-CONSERVE", "block 1 is owned twice")])
 
 
-@pytest.mark.parametrize("generator", campaign.GENERATORS)
+@pytest.mark.parametrize("generator", campaign.DRAWERS)
 def test_a_failure_that_does_not_replay_still_says_what_it_found_and_why_there_is_no_program(generator: str) -> None:
     RemembersAcrossPrograms.calls[0] = 0
     campaign.set_generator(generator)
     try:
         result = run_machine(RemembersAcrossPrograms, seed_value=0, examples=50, steps=20)
     finally:
-        campaign.set_generator("hypothesis")
+        campaign.set_generator(campaign.DEFAULT_GENERATOR)
     assert result.counterexample == ()
     assert not result.passed and result.violation is not None
     assert result.violation.first_id == "INV-CONSERVE"

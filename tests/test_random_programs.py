@@ -18,8 +18,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precon
 
 from kvoracle.oracle import audit, campaign
 from kvoracle.oracle.cache_machine import CacheMachine
-from kvoracle.oracle.campaign import (EXAMPLES, REPLAY_NAMES, SEEDS, STEPS, programs_per_seed, replay, run_machine,
-                                      same_finding)
+from kvoracle.oracle.campaign import (EXAMPLES, REPLAY_NAMES, SEEDS, STEPS, RunResult, programs_per_seed, replay,
+                                      run_machine, run_seeds, same_finding)
 from kvoracle.oracle.cli import main, run_target, use_target_faults
 from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engine_machine import EngineMachine
@@ -38,7 +38,7 @@ def random_generator() -> Iterator[None]:
     try:
         yield
     finally:
-        campaign.set_generator("hypothesis")
+        campaign.set_generator(campaign.DEFAULT_GENERATOR)
 
 
 NAMES = {"Ok": Ok, "Error": Error, "Partial": Partial, "Timeout": Timeout, "_faults": _faults, "BadInput": BadInput}
@@ -49,8 +49,7 @@ def test_every_rule_of_the_machines_is_drawn_and_printed_as_the_value_it_drew(
         machine: type[RuleBasedStateMachine]) -> None:
     rng = random.Random(0)
     rules = rules_of(machine, REPLAY_NAMES)
-    assert {r.name for r in rules} == {n for n in dir(machine)
-                                       if hasattr(getattr(machine, n), "hypothesis_stateful_rule")}
+    assert {r.name for r in rules} == {n for n in dir(machine) if hasattr(getattr(machine, n), "hypothesis_stateful_rule")}
     for r in rules:
         for name, d in r.arguments.items():
             for _ in range(50):
@@ -208,7 +207,7 @@ def test_the_command_line_takes_the_generator(capsys: pytest.CaptureFixture[str]
         assert main(["check", "--generator", "random", "--mutant", "double-free", "--seeds", "1", "--examples", "10",
                      "--no-coverage"]) == 0
     finally:
-        campaign.set_generator("hypothesis")
+        campaign.set_generator(campaign.DEFAULT_GENERATOR)
     out = capsys.readouterr().out
     assert "pass" in out and "caught" in out, out
     with pytest.raises(SystemExit) as exit_status:
@@ -258,7 +257,7 @@ class KnownThenUndrained(RuleBasedStateMachine):
         type(self).completed[0] += not self.failed
 
 
-@pytest.mark.parametrize("generator", campaign.GENERATORS)
+@pytest.mark.parametrize("generator", campaign.DRAWERS)
 def test_a_known_violation_ends_its_program_uncounted_with_either_generator(generator: str) -> None:
     campaign.set_generator(generator)
     KnownThenUndrained.completed[0] = 0
@@ -266,7 +265,7 @@ def test_a_known_violation_ends_its_program_uncounted_with_either_generator(gene
         result = run_machine(KnownThenUndrained, seed_value=0, examples=40, steps=5,
                              baseline=Baseline.parse(["INV-COUNTERS"]))
     finally:
-        campaign.set_generator("hypothesis")
+        campaign.set_generator(campaign.DEFAULT_GENERATOR)
     assert result.passed, result.violation
     assert result.known["INV-COUNTERS"] >= 10
     assert KnownThenUndrained.completed[0] >= 40  # the programs asked for ran, besides those a known ID ended
@@ -302,6 +301,47 @@ def test_a_machine_the_generator_cannot_draw_is_left_to_hypothesis(random_genera
     result = run_machine(WithInvariant, seed_value=0, examples=5, steps=5)
     assert result.passed
     assert "cannot draw WithInvariant's programs (WithInvariant.holds is an invariant)" in capsys.readouterr().err
+
+
+def test_both_runs_every_seed_drawn_by_hypothesis_then_every_seed_drawn_at_random(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default generator: Hypothesis's seeds first, so what it catches is reported as
+    before; the random pass only where all passed; a machine the random generator cannot
+    draw keeps its Hypothesis seeds alone; the first failing seed ends the campaign."""
+    calls: list[tuple[str, int]] = []
+    fails = {("random", 1)}
+
+    def run(machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int,
+            baseline: Baseline | None = None, generator: str = "") -> RunResult:
+        calls.append((generator, seed_value))
+        return RunResult((generator, seed_value) not in fails, None, (), 0.0)
+
+    monkeypatch.setattr(campaign, "run_machine", run)
+    assert campaign.GENERATOR[0] == campaign.DEFAULT_GENERATOR == "both"
+    assert not run_seeds(CacheMachine, [0, 1, 2], examples=1, steps=1).passed
+    assert calls == [("hypothesis", 0), ("hypothesis", 1), ("hypothesis", 2), ("random", 0), ("random", 1)]
+    calls.clear()
+    fails.add(("hypothesis", 0))
+    assert not run_seeds(CacheMachine, [0, 1, 2], examples=1, steps=1).passed
+    assert calls == [("hypothesis", 0)]
+    calls.clear()
+    assert run_seeds(WithInvariant, [1, 2], examples=1, steps=1).passed
+    assert calls == [("hypothesis", 1), ("hypothesis", 2)]
+
+
+def test_both_runs_the_reference_under_each_generator() -> None:
+    """The reference passes the default generator's campaign, whose steps are those of
+    its Hypothesis pass and of its random pass."""
+    steps = {}
+    for generator in campaign.GENERATORS:
+        campaign.set_generator(generator)
+        try:
+            row = run_target(Target("reference", "cache", None), [0], 10, 20)
+        finally:
+            campaign.set_generator(campaign.DEFAULT_GENERATOR)
+        assert row.verdict == "pass", row
+        steps[generator] = row.steps
+    assert steps["both"] == steps["hypothesis"] + steps["random"], steps
 
 
 def test_a_journal_of_random_programs_replays(tmp_path: Path) -> None:

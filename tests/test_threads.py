@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvoracle.oracle import threads
+from kvoracle.oracle import campaign, threads
 from kvoracle.oracle.campaign import replay, run_machine
 from kvoracle.oracle.engines import file_module
 from kvoracle.oracle.findings import Last, confirms, fails_with, reproduction, run_reproduction
@@ -239,3 +239,35 @@ def test_an_engine_whose_build_installs_its_own_hook_keeps_its_deaths() -> None:
         threading.excepthook = before
     assert result.passed, result.violation
     assert STRANDED and all("the storage poller gave up" in death for death in STRANDED)
+
+
+def dying_at_build(base: type) -> type:
+    """`base`, whose build connects to its storage on a worker that dies doing so."""
+    def __init__(self: object) -> None:
+        getattr(base, "__init__")(self)
+
+        def work() -> None:
+            raise ConnectionRefusedError("the storage service refused the connection")
+
+        on_worker(work, "storage-connect")
+
+    return type(f"{base.__name__}DiesAtBuild", (base,), {"__init__": __init__, "name": "dies-at-build"})
+
+
+@pytest.mark.parametrize(("engine", "level"), [(ReferenceCache, "cache"), (ReferenceScheduler, "scheduler"),
+                                               (ReferenceAdapter, "request")])
+@pytest.mark.parametrize("generator", campaign.DRAWERS)
+def test_a_thread_that_dies_while_the_engine_is_built_is_a_finding(engine: type, level: str, generator: str) -> None:
+    """The build's own finding, with no program (before 2026-12-06 Python's hook printed
+    it and the campaign went on without it)."""
+    before = threading.excepthook
+    campaign.set_generator(generator)
+    try:
+        result = run_machine(machine_of(dying_at_build(engine), level), seed_value=0, examples=5, steps=5)
+    finally:
+        campaign.set_generator(campaign.DEFAULT_GENERATOR)
+    assert threading.excepthook is before
+    assert not result.passed and result.first_id == "VALID-INPUT", result.violation
+    message = str(result.violation)
+    assert "by the end of the engine's build, thread 'storage-connect' died" in message, message
+    assert "ConnectionRefusedError" in message and result.counterexample == ()

@@ -315,7 +315,14 @@ class VllmSchedulerAdapter(VllmAdapter):
         running = {r.request_id: r for r in self.sched.running}
         return dataclasses.replace(
             o,
-            waiting=frozenset(r.request_id for r in self.sched.waiting) | frozenset(
-                r.request_id for r in getattr(self.sched, "skipped_waiting", ())),
+            waiting=frozenset(r.request_id for queue in _waiting_queues(self.sched) for r in queue),
             tokens={rid: r.num_computed_tokens for rid, r in running.items()},
         )
+
+
+def _waiting_queues(sched: Any) -> list[Any]:
+    """Every queue of waiting requests the release has: `waiting`, and `skipped_waiting`
+    (0.19 to 0.28 at least: requests a pass skipped) or `kv_holding_waiting` (0.33 at
+    least: waiting requests that hold blocks, drained first)."""
+    return [sched.waiting, *(getattr(sched, name) for name in ("skipped_waiting", "kv_holding_waiting")
+                             if hasattr(sched, name))]
