@@ -36,11 +36,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("note: run with PYTHONHASHSEED=0 for the figures `kvoracle check` gives", file=sys.stderr)
     audit.set_interval(args.audit_every)
     rows = []
-    totals: dict[str, list[float]] = {g: [0, 0, 0] for g in campaign.GENERATORS}  # shrunk steps, seconds, steps
+    totals: dict[str, list[float]] = {g: [0, 0, 0] for g in campaign.DRAWERS}  # shrunk steps, seconds, steps
     for target in all_targets():
         if args.only and target.name not in args.only:
             continue
-        for generator in campaign.GENERATORS:
+        for generator in campaign.DRAWERS:
             campaign.set_generator(generator)
             row = run_target(target, range(args.seeds), args.examples, campaign.STEPS)
             first = row.result.first_catch if row.result is not None else None

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, seed, settings
-from hypothesis.errors import Flaky, UnsatisfiedAssumption
+from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
@@ -70,7 +70,9 @@ def generators(machine: type[RuleBasedStateMachine]) -> tuple[str, ...]:
         return (GENERATOR[0],)
     try:
         random_programs.rules_of(machine, REPLAY_NAMES)
-    except random_programs.Unsupported:
+    except random_programs.Unsupported as e:
+        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): "
+              "Hypothesis's seeds alone", file=sys.stderr)
         return ("hypothesis",)
     return ("hypothesis", "random")
 
@@ -108,6 +110,8 @@ def run_machine(
             found = e
         except Flaky as e:  # a failure that did not replay: reported as what it was, never hidden
             found = did_not_replay(e, caught[0] if caught else None)
+        except Unsatisfiable:  # every program ended in a known violation before it could count (the build's)
+            pass
         except BaseException as e:  # the system under test (or its adapter) raised where no check expected it
             if interrupts.stops(e):
                 raise

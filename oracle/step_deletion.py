@@ -16,8 +16,9 @@ SHORT = 32  # a program this short tries deleting each run of steps at every off
 def delete_runs(program: list[Step], fails: Callable[[list[Step]], bool], short: int = SHORT) -> list[Step]:
     """`program` with runs of steps deleted for as long as it still `fails`: runs of half
     its length first, then of half that, down to single steps. A program no longer than
-    `short` tries each run at every offset; a longer one (or each run of a costly replay:
-    `short` 0) at offsets a run's length apart, as many replays as steps at each length."""
+    `short` tries each run at every offset (about a replay per step at each length); a
+    longer one, or any with `short` 0 (a costly replay), at offsets a run's length apart
+    (about two replays per step in all)."""
     size = max(1, len(program) // 2)
     while size >= 1:
         i = 0

@@ -21,17 +21,20 @@ def test_a_run_that_only_goes_as_a_whole_is_deleted() -> None:
     assert delete_runs(["a", "x", "x", "x", "x"], fails) == ["a"]
 
 
-def test_every_replay_is_of_a_strictly_shorter_program_and_offsets_are_a_run_apart_when_costly() -> None:
-    tried: list[int] = []
+def test_a_costly_replay_tries_runs_a_runs_length_apart_a_short_program_every_offset() -> None:
+    def replays(program: list[int], short: int) -> int:
+        tried: list[list[int]] = []
 
-    def fails(program: list[int]) -> bool:
-        tried.append(len(program))
-        return 7 in program
+        def fails(trial: list[int]) -> bool:
+            tried.append(trial)
+            return 7 in trial and 8 in trial
+
+        assert delete_runs(program, fails, short=short) == [7, 8]
+        return len(tried)
 
     program = list(range(40))
-    assert delete_runs(program, fails, short=0) == [7]
-    assert all(n < 40 for n in tried)
-    assert len(tried) <= 2 * 40  # about one replay per step at each run length
+    assert replays(program, short=0) <= 2 * len(program)  # offsets a run apart: about two replays per step
+    assert replays(program, short=0) < replays(program, short=len(program))  # every offset: more replays
 
 
 def test_a_program_none_of_whose_steps_is_needed_is_emptied() -> None:

@@ -60,3 +60,12 @@ def test_an_empty_table_is_left_out_only_where_a_refusal_leaves_one(
 def test_reading_the_release_imports_no_vllm() -> None:
     probe = "import sys, kvoracle.oracle.engines.vllm; assert 'vllm' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("queues", [(), ("skipped_waiting",), ("kv_holding_waiting",)])
+def test_every_waiting_queue_of_a_release_is_read(queues: tuple[str, ...]) -> None:
+    """A waiting request is in `waiting` or, by release, in `skipped_waiting` (a pass
+    skipped it) or `kv_holding_waiting` (it holds blocks: an async KV load's): the
+    scheduler adapter and the shadow observer read them all."""
+    sched = type("Scheduler", (), {"waiting": ["r0"], **{name: [f"r{i + 1}"] for i, name in enumerate(queues)}})()
+    assert [r for queue in adapter.waiting_queues(sched) for r in queue] == ["r0", *(f"r{i + 1}" for i in range(len(queues)))]

@@ -45,7 +45,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from kvoracle.oracle.engine import Observation, scheduler_view
-from kvoracle.oracle.engines.vllm import VllmAdapter, empty_entries, manager_preamble
+from kvoracle.oracle.engines.vllm import VllmAdapter, empty_entries, manager_preamble, waiting_queues
 from kvoracle.oracle.engines.vllm_connector import NEWEST, vllm_version
 from kvoracle.shadow import Invocation, ObserverBase, Progress
 from kvoracle.spec.state import blocks_for
@@ -473,7 +473,7 @@ class VllmSchedulerObserver(ObserverBase):
 
     def progress(self) -> Progress:
         sched = self.sched
-        waiting = [*sched.waiting, *getattr(sched, "skipped_waiting", ())]
+        waiting = [r for queue in waiting_queues(sched) for r in queue]
         running = {r.request_id: r for r in sched.running}
         held = [r for r in sched.requests.values() if r.is_finished()]  # blocks kept for a send
         ended = sched.finished_recving_kv_req_ids | sched.failed_recving_kv_req_ids

@@ -315,12 +315,12 @@ class VllmSchedulerAdapter(VllmAdapter):
         running = {r.request_id: r for r in self.sched.running}
         return dataclasses.replace(
             o,
-            waiting=frozenset(r.request_id for queue in _waiting_queues(self.sched) for r in queue),
+            waiting=frozenset(r.request_id for queue in waiting_queues(self.sched) for r in queue),
             tokens={rid: r.num_computed_tokens for rid, r in running.items()},
         )
 
 
-def _waiting_queues(sched: Any) -> list[Any]:
+def waiting_queues(sched: Any) -> list[Any]:
     """Every queue of waiting requests the release has: `waiting`, and `skipped_waiting`
     (0.19 to 0.28 at least: requests a pass skipped) or `kv_holding_waiting` (0.33 at
     least: waiting requests that hold blocks, drained first)."""
