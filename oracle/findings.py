@@ -367,7 +367,7 @@ class Last:
     def __enter__(self) -> Last:
         self.watching = threads.pythons_own()
         if self.watching:
-            threads.watch(threads.hook())
+            threads.watch()
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, trace: object) -> bool:

@@ -57,11 +57,6 @@ def _where(trace: TracebackType | None) -> str:
     return f" at {'/'.join(Path(code.co_filename).parts[-2:])}:{trace.tb_lineno} in {code.co_name}"
 
 
-def hook() -> Hook:
-    """The hook in place now."""
-    return threading.excepthook
-
-
 @contextmanager
 def building() -> Iterator[None]:
     """A machine's construction (its engine's build, its first looks at the engine), with
@@ -69,7 +64,7 @@ def building() -> Iterator[None]:
     after a construction that succeeds, until `unwatch` (the machine's teardown). A thread
     that died meanwhile is a finding (VALID-INPUT), raised as the construction ends; a
     construction that fails, or finds one, unwatches first (the machine has no teardown)."""
-    watch(hook())
+    watch()
     try:
         yield
         found = died("the engine's build")
@@ -86,16 +81,15 @@ def pythons_own() -> bool:
     return threading.excepthook is threading.__excepthook__
 
 
-def watch(before_build: Hook) -> None:
-    """Record the deaths of threads from now on (a new program: none recorded yet),
-    `before_build` being the hook in place before the engine's build: an adapter that
-    installs a hook of its own as it builds the engine keeps it, and takes the deaths
-    over."""
+def watch() -> None:
+    """Record the deaths of threads from now on (a new program: none recorded yet), until
+    `unwatch` puts back the hook in place now. Call it before the engine is built: an
+    adapter that installs a hook of its own as it builds the engine keeps it, and takes
+    the deaths over."""
     _deaths.clear()
-    if before_build is not _record:  # (_record left by a program that never unwatched: keep the older)
-        _replaced[:] = [before_build]
-    if threading.excepthook is before_build or threading.excepthook is _record:
-        threading.excepthook = _record
+    if threading.excepthook is not _record:  # (_record left by a program that never unwatched: keep the older)
+        _replaced[:] = [threading.excepthook]
+    threading.excepthook = _record
 
 
 def unwatch() -> None:

@@ -204,7 +204,7 @@ def test_a_machine_whose_engine_fails_to_build_leaves_the_hook_as_it_was() -> No
 def test_a_death_never_reported_goes_to_the_hook_that_was_there(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     monkeypatch.setattr(threading, "excepthook", lambda death: seen.append(repr(death.exc_value)))
-    threads.watch(threading.excepthook)
+    threads.watch()
     on_worker(lambda: (_ for _ in ()).throw(OSError("after the last check")))
     threads.unwatch()
     assert seen == ["OSError('after the last check')"]
