@@ -70,24 +70,27 @@ def abstract(cache: CacheManager) -> CacheState:
     )
 
 
+def kept_counters(cache: CacheManager) -> dict[str, int]:
+    """The counters the reference keeps beside its structures, by the names
+    spec.view.true_counters recounts them under."""
+    return {"gpu_free": cache.gpu.num_free, "gpu_evictable": cache.gpu_evictable, "gpu_in_use": cache.gpu_in_use,
+            "cpu_free": cache.cpu.num_free, "cpu_evictable": cache.cpu_evictable}
+
+
 def view(cache: CacheManager, s: CacheState | None = None) -> View:
     """The complete view of the reference: its abstraction, and the counters it keeps
     next to what the abstraction recounts."""
     s = abstract(cache) if s is None else s
     true = true_counters(s)
-    gpu = {"gpu_free": (cache.gpu.num_free, true["gpu_free"]),
-           "gpu_evictable": (cache.gpu_evictable, true["gpu_evictable"]),
-           "gpu_in_use": (cache.gpu_in_use, true["gpu_in_use"])}
-    cpu = {"cpu_free": (cache.cpu.num_free, true["cpu_free"]),
-           "cpu_evictable": (cache.cpu_evictable, true["cpu_evictable"])}
-    return of_cache(s, gpu, cpu)
+    paired = {name: (kept, true[name]) for name, kept in kept_counters(cache).items()}
+    return of_cache(s, {k: v for k, v in paired.items() if k.startswith("gpu")},
+                    {k: v for k, v in paired.items() if k.startswith("cpu")})
 
 
 def snapshot(cache: CacheManager) -> tuple[CacheState, tuple[int, ...]]:
     """Everything `view` is made of (the abstraction and the kept counters), for "a refused
     call changed nothing": equal snapshots give equal views, without deriving one twice."""
-    counters = (cache.gpu.num_free, cache.gpu_evictable, cache.gpu_in_use, cache.cpu.num_free, cache.cpu_evictable)
-    return abstract(cache), counters
+    return abstract(cache), tuple(kept_counters(cache).values())
 
 
 def _referenced(cache: CacheManager) -> list[Node]:

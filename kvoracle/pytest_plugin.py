@@ -39,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvoracle-steps", type=_count, default=50, metavar="N",
                     help="max steps per program (default 50)")
     group.addoption("--kvoracle-seed", type=int, default=0, metavar="N", help="seed of the programs (default 0)")
+    group.addoption("--kvoracle-generator", choices=("hypothesis", "random", "both"), default="both",
+                    help="who draws the programs, as `kvoracle check --generator` (default both: Hypothesis's, "
+                         "then, if they pass, as many drawn by Python's random, which reaches other states)")
     group.addoption("--kvoracle-isolated", action="store_true",
                     help="run each adapter's machine in a forked process: an engine that ends the process fails "
                          "its test with the program that ended it, and the session goes on (not once CUDA is "
@@ -84,6 +87,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                                  adapter=adapter, bad_input=True))
 
 
+def drawn_at_random(machine: type[Any], seed: int, examples: int, steps: int) -> None:
+    """The machine's programs drawn by the random generator (`kvoracle check --generator
+    random`): its finding raised with the shrunk program as a note, as Hypothesis shows one."""
+    from kvoracle.oracle.campaign import run_machine
+
+    result = run_machine(machine, seed_value=seed, examples=examples, steps=steps, generator="random")
+    if result.violation is not None:
+        program = "\n".join(result.shown) if result.shown else "(none: it did not fail again when replayed)"
+        result.violation.add_note(f"the program, drawn at random (seed {seed}) and shrunk:\n{program}")
+        raise result.violation
+
+
 class AdapterItem(pytest.Item):
     def __init__(self, *, spec: str, adapter: type, bad_input: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -96,7 +111,7 @@ class AdapterItem(pytest.Item):
         from hypothesis import seed as seeded
         from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-        from kvoracle.oracle.campaign import seed_alone
+        from kvoracle.oracle.campaign import generators, seed_alone
         from kvoracle.oracle.survival import alone
         from kvoracle.testing import machine_for, unexplained
 
@@ -105,14 +120,19 @@ class AdapterItem(pytest.Item):
         config = unexplained(settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
                                       deadline=None, database=None, suppress_health_check=list(HealthCheck)))
 
-        def run(machine: type[RuleBasedStateMachine]) -> None:
+        def by_hypothesis(machine: type[RuleBasedStateMachine]) -> None:
             with seed_alone():  # the same programs whatever the test session loaded
                 seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
 
-        if opt("kvoracle_isolated"):
-            alone(machine, run)
-        else:
-            run(machine)
+        def at_random(machine: type[RuleBasedStateMachine]) -> None:
+            drawn_at_random(machine, opt("kvoracle_seed"), opt("kvoracle_examples"), opt("kvoracle_steps"))
+
+        for generator in generators(machine, opt("kvoracle_generator")):
+            run = by_hypothesis if generator == "hypothesis" else at_random
+            if opt("kvoracle_isolated"):
+                alone(machine, run)
+            else:
+                run(machine)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         what = "kvoracle bad-input machine" if self.bad_input else "kvoracle machine"

@@ -61,18 +61,16 @@ def set_generator(name: str) -> None:
     GENERATOR[0] = name
 
 
-def generators(machine: type[RuleBasedStateMachine]) -> tuple[str, ...]:
-    """The generators a campaign's seeds run under, one after the other: "both" is every
-    seed drawn by Hypothesis, then (all passed) every seed drawn at random, where the
-    random generator can draw the machine's programs. Hypothesis first: what it catches
-    is reported as it always was, and the random pass adds only what it misses."""
-    if GENERATOR[0] != "both":
-        return (GENERATOR[0],)
-    try:
-        random_programs.rules_of(machine, REPLAY_NAMES)
-    except random_programs.Unsupported as e:
-        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): "
-              "Hypothesis's seeds alone", file=sys.stderr)
+def generators(machine: type[RuleBasedStateMachine], generator: str = "") -> tuple[str, ...]:
+    """The generators a campaign's seeds run under, one after the other (`generator`: the
+    campaign's by default): "both" is every seed drawn by Hypothesis, then (all passed)
+    every seed drawn at random, where the random generator can draw the machine's
+    programs. Hypothesis first: what it catches is reported as it always was, and the
+    random pass adds only what it misses."""
+    generator = generator or GENERATOR[0]
+    if generator != "both":
+        return (generator,)
+    if _random_programs(machine, 0, 0, instead="Hypothesis's seeds alone") is None:
         return ("hypothesis",)
     return ("hypothesis", "random")
 
@@ -132,15 +130,15 @@ def run_machine(
                      shown=tuple(map(readable, steps_found)))
 
 
-def _random_programs(machine: type[RuleBasedStateMachine], seed_value: int,
-                     steps: int) -> random_programs.Programs | None:
-    """The random generator's programs for this machine; None (Hypothesis draws them, and
-    stderr says why) where the machine needs Hypothesis's engine."""
+def _random_programs(machine: type[RuleBasedStateMachine], seed_value: int, steps: int,
+                     instead: str = "Hypothesis draws them") -> random_programs.Programs | None:
+    """The random generator's programs for this machine; None where the machine needs
+    Hypothesis's engine, and stderr says why and what runs `instead`."""
     try:
         return random_programs.Programs(machine, seed_value, steps, REPLAY_NAMES)
     except random_programs.Unsupported as e:
-        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): "
-              "Hypothesis draws them", file=sys.stderr)
+        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): {instead}",
+              file=sys.stderr)
         return None
 
 
@@ -310,13 +308,13 @@ def _enabled(machine: type[RuleBasedStateMachine], step: str, state: RuleBasedSt
     raises is the finding, as in a campaign)."""
     found = _RULE_NAME.match(step)
     rule = stateful.rule(machine, found.group(1)) if found else None
-    return rule is None or all(p(state) for p in rule.preconditions)
+    return rule is None or stateful.enabled(rule, state)
 
 
 def _choosing(machine: type[RuleBasedStateMachine], state: RuleBasedStateMachine) -> None:
     """Every rule's preconditions evaluated in `state`, for what they raise."""
     for rule in stateful.rules(machine).values():
-        all(p(state) for p in rule.preconditions)
+        stateful.enabled(rule, state)
 
 
 def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding: PropertyViolated) -> tuple[str, ...]:

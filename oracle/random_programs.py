@@ -281,7 +281,7 @@ class Programs:
         return [r for r in self.rules if self.rng.random() < 0.5] or [self.rng.choice(self.rules)]
 
     def _enabled(self, swarm: Sequence[Rule], state: RuleBasedStateMachine) -> Rule | None:
-        ready = [r for r in swarm if all(p(state) for p in r.preconditions)]
+        ready = [r for r in swarm if stateful.enabled(r, state)]
         return self.rng.choice(ready) if ready else None
 
 

@@ -28,3 +28,9 @@ def other_members(machine: type[RuleBasedStateMachine]) -> dict[str, str]:
     """The machine's initialize rules and invariants, each named with what it is."""
     return {name: what for name in sorted(dir(machine)) for attribute, what in _NOT_RULES.items()
             if getattr(getattr(machine, name), attribute, None) is not None}
+
+
+def enabled(rule: Any, state: RuleBasedStateMachine) -> bool:
+    """Whether every precondition of `rule` (Hypothesis's record, or anything else with
+    its `preconditions`) holds in `state`; what one raises propagates."""
+    return all(p(state) for p in rule.preconditions)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Mapping, TextIO, TypeGuard, cast
 
-from kvoracle.kvcache.abstraction import abstract
+from kvoracle.kvcache.abstraction import abstract, kept_counters
 from kvoracle.kvcache.faults import FaultyCopier, FaultyStorage, ScriptedFaults
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.storage import MemoryStorage
@@ -426,9 +426,7 @@ def snapshot(cache: CacheManager) -> Json:
         "refcounts": {str(h): n.refcount for h, n in s.nodes.items()},
         "gpu_findable": sorted(s.gpu_heap.entries), "cpu_findable": sorted(s.cpu_heap.entries),
         "gpu_flagged": sorted(s.gpu_heap.flagged), "cpu_flagged": sorted(s.cpu_heap.flagged),
-        "counters": {"gpu_free": cache.gpu.num_free, "cpu_free": cache.cpu.num_free,
-                     "gpu_evictable": cache.gpu_evictable, "cpu_evictable": cache.cpu_evictable,
-                     "gpu_in_use": cache.gpu_in_use},
+        "counters": kept_counters(cache),
     }
 
 

@@ -62,5 +62,21 @@ def _compare(tier: str, pool: BlockPool, blocks: list[int], seeds: list[int]) ->
     if not blocks:
         return []
     have = pool.fingerprints(blocks)
-    want = seed_fingerprints(seeds, pool.block_bytes)
+    want = _wanted(seeds, pool.block_bytes)
     return inv_content([Content(tier, b, w, h) for b, h, w in zip(blocks, have, want)])
+
+
+# (seed, block bytes) -> the fingerprint of the content it stands for: a pure function of the
+# two, and a campaign's prompts give few seeds, so each is computed once (up to _WANTED_MAX)
+_WANTED: dict[tuple[int, int], int] = {}
+_WANTED_MAX = 1 << 16
+
+
+def _wanted(seeds: list[int], block_bytes: int) -> list[int]:
+    """seed_fingerprints(seeds, block_bytes), computing only the seeds not seen before."""
+    new = [s for s in dict.fromkeys(seeds) if (s, block_bytes) not in _WANTED]
+    if new:
+        if len(_WANTED) + len(new) > _WANTED_MAX:
+            _WANTED.clear()
+        _WANTED.update(zip([(s, block_bytes) for s in new], seed_fingerprints(new, block_bytes)))
+    return [_WANTED[s, block_bytes] for s in seeds]

@@ -126,6 +126,42 @@ def test_a_failure_shows_no_explanation_pointing_into_kvoracle(pytester: pytest.
     assert "Explanation" not in out and "always and only run by failing" not in out, out
 
 
+def test_the_random_generator_draws_the_programs_and_shows_its_shrunk_one(pytester: pytest.Pytester) -> None:
+    """`--kvoracle-generator random` draws as `kvoracle check --generator random` does: the
+    toy engine's planted bug is found, and the test shows the program the random
+    generator drew and shrank (Hypothesis never ran: no `state.` steps)."""
+    toy = f"{EXAMPLES / 'toy_engine.py'}:ToyAdapter"
+    result = pytester.runpytest_inprocess("--kvoracle-adapter", toy, "--kvoracle-generator", "random", *QUIET)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "INV-NO-UAF" in out and "the program, drawn at random (seed 0) and shrunk:\nadmit(" in out, out
+    assert "state.admit(" not in out
+
+
+def test_both_draws_at_random_once_hypothesis_passes(pytester: pytest.Pytester) -> None:
+    """The default, as `kvoracle check`'s: Hypothesis's programs, then the random
+    generator's; each pass builds the engine for each of its programs."""
+    pytester.makepyfile(plugin_both=adapters("plugin_both") + '''
+
+class Counting(Fixed):
+    name = "counting"
+
+    def __init__(self):
+        super().__init__()
+        with open(os.path.join(HERE, "builds"), "a") as builds:
+            builds.write("x")
+''')
+    builds = pytester.path / "builds"
+    seen = {}
+    for generator in ("hypothesis", "random", "both"):
+        builds.write_text("")
+        result = pytester.runpytest_inprocess("--kvoracle-adapter", "plugin_both.py:Counting", "--kvoracle-examples",
+                                              "10", "--kvoracle-steps", "10", "--kvoracle-generator", generator, *QUIET)
+        result.assert_outcomes(passed=1)
+        seen[generator] = len(builds.read_text())
+    assert seen["random"] > 1 and seen["both"] > seen["hypothesis"] > 1, seen
+
+
 FACTORY_TEST = f"""
 import sys
 sys.path.insert(0, {str(EXAMPLES)!r})

@@ -53,7 +53,9 @@ def _transfer_blocks(cache: CacheManager) -> tuple[list[int], list[int], list[in
     return gpu_reads, cpu_reads, gpu_owned, cpu_owned
 
 
-def gpu_observation(c: CacheManager) -> Observation:
+def gpu_observation(c: CacheManager, waiting: frozenset[str] | None = None,
+                    tokens: Mapping[str, int] | None = None) -> Observation:
+    """The GPU tier as observed (`waiting`, `tokens`: what a scheduler above the cache adds)."""
     every = c.tree.walk()
     nodes = [n for n in every if isinstance(n.tier, OnGpu | SwappingOut)]
     block = {n.hash: n.tier.gpu for n in nodes if isinstance(n.tier, OnGpu | SwappingOut)}
@@ -73,6 +75,8 @@ def gpu_observation(c: CacheManager) -> Observation:
         },
         pinned=frozenset(reads),
         in_flight=tuple(g for g in owned if g not in listed),  # a block a live request lists is its own
+        waiting=waiting,
+        tokens=tokens,
     )
 
 

@@ -4,7 +4,6 @@ mutant of either) behind the scheduler Protocol."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 from kvoracle.kvcache.abstraction import abstract, audit, snapshot
 from kvoracle.kvcache.errors import (
@@ -168,11 +167,8 @@ class ReferenceScheduler(Scripted):
 
     def observe(self) -> Observation:
         rm = self.rm
-        return replace(
-            gpu_observation(rm.cache),
-            waiting=frozenset(f"r{r}" for r in rm.waiting),
-            tokens={f"r{r}": len(rm.requests[r].tokens) for r in rm.running},
-        )
+        return gpu_observation(rm.cache, waiting=frozenset(f"r{r}" for r in rm.waiting),
+                               tokens={f"r{r}": len(rm.requests[r].tokens) for r in rm.running})
 
     def observe_cpu(self) -> Observation:
         return cpu_observation(self.rm.cache)
