@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from kvoracle.spec.invariants import Violation
 Hook = Callable[[threading.ExceptHookArgs], object]
 
 _deaths: list[tuple[str, threading.ExceptHookArgs]] = []  # recorded since the latest report
+_older: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # threads alive when the watch began
 _replaced: list[Hook] = []  # the hook in place before the engine's build, until `unwatch` puts it back
 _NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+(_\d+)?")  # a process-wide count
 
@@ -42,6 +44,8 @@ def _record(death: threading.ExceptHookArgs) -> None:
     # a default thread name counts every thread the process made: not the same in a replay
     name = None if death.thread is None else _NUMBERED.sub(r"\1", death.thread.name)
     thread = "a thread" if name is None else f"thread {name!r}"
+    if death.thread is not None and death.thread in _older:  # not this program's: it replays without it
+        thread += ", left running by an earlier program or the harness,"
     raised = death.exc_type.__name__ if death.exc_value is None else described(death.exc_value)
     _deaths.append((f"{thread} died: it raised {raised}{_where(death.exc_traceback)}", death))
 
@@ -87,6 +91,8 @@ def watch() -> None:
     adapter that installs a hook of its own as it builds the engine keeps it, and takes
     the deaths over."""
     _deaths.clear()
+    _older.clear()
+    _older.update(threading.enumerate())
     if threading.excepthook is not _record:  # (_record left by a program that never unwatched: keep the older)
         _replaced[:] = [threading.excepthook]
     threading.excepthook = _record

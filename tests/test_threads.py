@@ -175,6 +175,30 @@ def test_a_default_thread_name_is_reported_without_its_process_wide_count() -> N
     assert again is not None and str(again.violations) == str(result.violation.violations)  # type: ignore[union-attr]
 
 
+def test_a_thread_older_than_the_program_is_named_as_such_when_it_dies() -> None:
+    """A death is charged to the program being watched, whose replay may not have the
+    thread: one that was already running when the watch began says so."""
+    go = threading.Event()
+
+    def dies_when_told() -> None:
+        go.wait()
+        raise OSError("the old worker's disk is gone")
+
+    older = threading.Thread(target=dies_when_told, name="old-worker")
+    older.start()
+    threads.watch()
+    try:
+        on_worker(lambda: (_ for _ in ()).throw(OSError("this program's worker")), name="new-worker")
+        go.set()
+        older.join()
+        found = [v.message for v in threads.died("the engine's build")]
+    finally:
+        threads.unwatch()
+    assert len(found) == 2, found
+    assert "thread 'new-worker' died" in found[0]
+    assert "thread 'old-worker', left running by an earlier program or the harness, died" in found[1]
+
+
 class BadCallWorkerDies(ReferenceCache):
     """Refuses a bad call as it must, but the worker that checked it dies."""
 
