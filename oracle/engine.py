@@ -58,7 +58,7 @@ class BadInput(enum.Enum):
 
     DOUBLE_FREE = "double_free"  # free a block that is already free, through the allocator
     OUT_OF_RANGE = "out_of_range"  # free a block id the allocator never had
-    DOUBLE_FINISH = "double_finish"  # finish a request that already finished
+    DOUBLE_FINISH = "double_finish"  # finish a request that already finished (scheduler level: or was aborted)
     DOUBLE_UNLOCK = "double_unlock"  # unlock a finished request's prefix again while another request holds it
     # the cache with tiers and transfers (oracle.tiered)
     WRONG_TIER = "wrong_tier"  # free a GPU block id through the CPU allocator
@@ -73,7 +73,7 @@ class BadInput(enum.Enum):
     COMMIT_FILLING = "commit_filling"  # commit a request whose swap-in or prefetch is still filling its blocks
     WRITE_TOO_MANY = "write_too_many"  # release a request with more hashes to write than it has blocks
     # the scheduler (oracle.serving)
-    DOUBLE_ABORT = "double_abort"  # abort a request that was already aborted
+    DOUBLE_ABORT = "double_abort"  # abort a request that already exited (aborted, or finished)
     TOO_LARGE = "too_large"  # submit a prompt larger than the whole GPU pool
     EMPTY = "empty"  # submit a prompt with no tokens
     PREEMPT_WAITING = "preempt_waiting"  # preempt a request that is not running

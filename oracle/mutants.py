@@ -37,6 +37,9 @@ class Mutant:
     bookkeeping: bool = True  # False: the machine checks INV-CONTENT alone
     cpu_blocks: int | None = None  # set: the cache machine's CPU tier has this many blocks
     on_disk: bool = False  # True: a scheduler-level mutant run over the storage tier on disk (reference-disk)
+    # False: only the engine's report of its own steps (REFINEMENT on the record) shows it,
+    # so an engine observed as a black box (no state(), no events()) cannot be held to it
+    observable: bool = True
 
     @property
     def level(self) -> str:
@@ -280,6 +283,24 @@ class LateTimeout(ResourceManager):
             self.timeout -= 1
 
 
+class DriftingClock(ResourceManager):
+    """The eighteenth blind run's plant: a scheduling step that must wait for its swap-out
+    lets a tick pass (`tick()` for `tick(0)`), so the scheduler's clock runs ahead of the
+    caller's and its transfers time out early."""
+
+    def tick(self, n: int = 1) -> None:
+        super().tick(1 if n == 0 and self._in_evict else n)
+
+    def _evict(self, need: int) -> bool:
+        self._in_evict = True
+        try:
+            return super()._evict(need)
+        finally:
+            self._in_evict = False
+
+    _in_evict = False
+
+
 # --- 11: a late completion frees blocks that were reused ----------------------------------------
 
 
@@ -375,6 +396,10 @@ SCHEDULER_MUTANTS: tuple[Mutant, ...] = (
     Mutant("late-timeout", 10, "A transfer that reaches its timeout on a tick is timed out a tick later",
            "the scheduler's expiry compares a transfer's age with > where it means >=", frozenset({"LIVE-TRANSFER"}),
            scheduler_class=LateTimeout),
+    Mutant("drifting-clock", 10, "A scheduling step lets time pass, so transfers time out early",
+           "an eviction round that waits for its swap-out ticks the clock once (tick() for tick(0)): the "
+           "scheduler's clock runs ahead of its caller's", frozenset({"REFINEMENT"}), scheduler_class=DriftingClock,
+           observable=False),
     Mutant("starving-admit", 13, "Admission that starves: a request that needs every free block waits forever",
            "admission asks for one block more than the request needs", frozenset({"LIVE-ADMIT"}),
            scheduler_class=StarvingAdmit),

@@ -19,7 +19,7 @@ from kvoracle.spec.actions import Complete, Evict, Reset, require
 from kvoracle.spec.frozen import replace
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.state import EXITED, QUEUED, CacheState, Request, Status, System, blocks_for
-from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, TransferId
+from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, Timeout, TransferId
 
 EXITS = (Status.FINISHED, Status.ABORTED, Status.PREEMPTED)
 
@@ -142,7 +142,14 @@ def evict(s: System, steps: Sequence[actions.EvictStep]) -> System:
 
 def complete(s: System, t: TransferId, outcome: Outcome) -> System:
     """Transfer t ends (actions.complete). A swap-in or prefetch that failed for a live
-    request leaves it blocks to recompute: what counts as computed does not change."""
+    request leaves it blocks to recompute: what counts as computed does not change. It
+    times out only once it has been in flight `timeout` ticks (Next times it out on the
+    tick that brings it there; LIVE-TRANSFER holds it to that tick): a timeout before
+    gives up on an answer that may still come in time."""
+    if isinstance(outcome, Timeout) and t in s.started:
+        age = s.now - s.started[t]
+        require(age >= s.timeout, "complete", f"transfer {t} timed out after {age} ticks in flight, "
+                                              f"before its timeout of {s.timeout}")
     return _with_cache(s, actions.complete(s.cache, t, outcome))
 
 

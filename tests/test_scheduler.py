@@ -15,10 +15,11 @@ from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec import actions
 from kvoracle.spec.invariants import inv_request
-from kvoracle.spec.scheduler import apply, exit_request
+from kvoracle.spec.actions import Complete, PreconditionError
+from kvoracle.spec.scheduler import apply, exit_request, tick
 from kvoracle.spec.state import Request, Status, System
 from kvoracle.spec.view import of_system
-from kvoracle.spec.types import Error, RequestId, TransferId
+from kvoracle.spec.types import Error, RequestId, Timeout, TransferId
 
 R = RequestId(0)
 
@@ -169,15 +170,46 @@ def test_the_events_it_reports_replay_through_spec_to_its_own_state() -> None:
     plan = ScriptedFaults()
     rm = manager(plan)
     model = replace(spec_state(rm), requests={})
+    replayed = 0
+
+    def call(run: Callable[[], object], ticks: int = 0) -> None:
+        """The call, then its events through spec after the time it let pass (the journal
+        holds no ticks: the caller's clock is spec's, as in the machines)."""
+        nonlocal model, replayed
+        run()
+        model = tick(model, ticks)
+        for event in rm.events:
+            model = apply(model, event)
+        replayed += len(rm.events)
+        rm.events.clear()
+
     for i, f in enumerate((FaultKind.RAISE, FaultKind.HANG, FaultKind.ERROR)):
         for r in range(3):
-            rm.submit(RequestId(10 * i + r), [1, 1, 2, 2, 1 + r, 3])
-        rm.schedule()
+            call(lambda: rm.submit(RequestId(10 * i + r), [1, 1, 2, 2, 1 + r, 3]))
+        call(rm.schedule)
         plan.push(Fault(f))
-        rm.finish(list(rm.running)[:2])
-        rm.tick(2)
-        rm.schedule()
+        call(lambda: rm.finish(list(rm.running)[:2]))
+        call(lambda: rm.tick(2), ticks=2)
+        call(rm.schedule)
+    assert same(model, spec_state(rm))
+    assert replayed > 20
+
+
+def test_a_timeout_before_its_time_is_no_step_of_spec() -> None:
+    """An engine whose clock runs ahead of its caller's times transfers out early: the
+    cache action takes any outcome, the system action only a timeout that is due."""
+    plan = ScriptedFaults()
+    rm = manager(plan)
+    model = replace(spec_state(rm), requests={})
+    rm.submit(RequestId(0), [1, 1, 2, 2, 3])
+    rm.schedule()
+    plan.push(Fault(FaultKind.HANG))
+    rm.finish([RequestId(0)])  # its write hangs
     for event in rm.events:
         model = apply(model, event)
-    assert same(model, spec_state(rm))
-    assert len(rm.events) > 20
+    (t,) = model.cache.transfers
+    early = Complete(t, Timeout())
+    for ticks in range(rm.timeout):
+        with pytest.raises(PreconditionError, match=f"timed out after {ticks} ticks in flight, before its timeout"):
+            apply(tick(model, ticks), early)
+    assert t not in apply(tick(model, rm.timeout), early).cache.transfers

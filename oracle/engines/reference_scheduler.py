@@ -25,7 +25,7 @@ from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.scheduler import Event
-from kvoracle.spec.state import Request, Status, System
+from kvoracle.spec.state import EXITED, Request, Status, System
 from kvoracle.spec.types import RequestId
 
 
@@ -131,16 +131,16 @@ class ReferenceScheduler(Scripted):
         finish names every running request first: the whole batch must be refused, so
         an engine that finishes the good ones before it meets the bad one is caught."""
         rm = self.rm
-        ended = {s: [r for r, q in rm.requests.items() if q.status is s] for s in (Status.FINISHED, Status.ABORTED)}
+        # the exited request submitted last, finished or aborted: a finish or an abort of either is refused alike
+        exited = [r for r, q in rm.requests.items() if q.status in EXITED][-1:]
         calls: dict[BadInput, Callable[[], str]] = {
             BadInput.UNKNOWN_REQUEST: lambda: f"rm.finish({[*rm.running, NOBODY]})",
             BadInput.TOO_LARGE: lambda: f"rm.submit({NOBODY}, [1] * {rm.cache.gpu.size * self.block_size})",
             BadInput.EMPTY: lambda: f"rm.submit({NOBODY}, [])",
         }
-        if ended[Status.FINISHED]:
-            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish({[*rm.running, ended[Status.FINISHED][0]]})"
-        if ended[Status.ABORTED]:
-            calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({ended[Status.ABORTED][0]})"
+        if exited:
+            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish({[*rm.running, *exited]})"
+            calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({exited[0]})"
         if rm.requests:
             first = next(iter(rm.requests))  # submitted again with its own prompt, as a client's retry
             calls[BadInput.DUPLICATE_REQUEST] = lambda: f"rm.submit({first}, {list(rm.requests[first].tokens)})"
