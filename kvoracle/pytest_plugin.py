@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:  # the plugin loads in every pytest session: Hypothesis only when asked for
+    from hypothesis.stateful import RuleBasedStateMachine
 
 
 def _count(text: str) -> int:
@@ -35,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the machine of this adapter's Protocol (MODULE:CLASS or FILE.py:CLASS; repeatable); "
                          "for a request-level adapter with bad_inputs, the bad-input machine too")
     group.addoption("--kvoracle-examples", type=_count, default=100, metavar="N",
-                    help="programs per adapter (default 100)")
+                    help="programs per adapter and generator (default 100; under --kvoracle-generator both, "
+                         "Hypothesis's, then as many drawn at random)")
     group.addoption("--kvoracle-steps", type=_count, default=50, metavar="N",
                     help="max steps per program (default 50)")
     group.addoption("--kvoracle-seed", type=int, default=0, metavar="N", help="seed of the programs (default 0)")
@@ -87,15 +91,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                                  adapter=adapter, bad_input=True))
 
 
-def drawn_at_random(machine: type[Any], seed: int, examples: int, steps: int) -> None:
+def drawn_at_random(machine: type[RuleBasedStateMachine], seed: int, examples: int, steps: int, rerun: str) -> None:
     """The machine's programs drawn by the random generator (`kvoracle check --generator
-    random`): its finding raised with the shrunk program as a note, as Hypothesis shows one."""
+    random`), unwatched as Hypothesis's are here: its finding raised with the shrunk
+    program as a note, as Hypothesis shows one, and the command that runs it again."""
     from kvoracle.oracle.campaign import run_machine
 
-    result = run_machine(machine, seed_value=seed, examples=examples, steps=steps, generator="random")
+    result = run_machine(machine, seed_value=seed, examples=examples, steps=steps, generator="random", guard=False)
     if result.violation is not None:
-        program = "\n".join(result.shown) if result.shown else "(none: it did not fail again when replayed)"
-        result.violation.add_note(f"the program, drawn at random (seed {seed}) and shrunk:\n{program}")
+        program = "\n".join(result.shown) or "(no program: the finding above says why)"
+        result.violation.add_note(f"the program, drawn at random (seed {seed}) and shrunk:\n{program}\n"
+                                  f"to run it again: {rerun}")
         raise result.violation
 
 
@@ -125,7 +131,9 @@ class AdapterItem(pytest.Item):
                 seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
 
         def at_random(machine: type[RuleBasedStateMachine]) -> None:
-            drawn_at_random(machine, opt("kvoracle_seed"), opt("kvoracle_examples"), opt("kvoracle_steps"))
+            drawn_at_random(machine, opt("kvoracle_seed"), opt("kvoracle_examples"), opt("kvoracle_steps"),
+                            f"pytest --kvoracle-adapter {self.spec} --kvoracle-generator random "
+                            f"--kvoracle-seed {opt('kvoracle_seed')}")
 
         for generator in generators(machine, opt("kvoracle_generator")):
             run = by_hypothesis if generator == "hypothesis" else at_random

@@ -6,7 +6,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, seed, settings
@@ -68,20 +68,34 @@ def generators(machine: type[RuleBasedStateMachine], generator: str = "") -> tup
     programs. Hypothesis first: what it catches is reported as it always was, and the
     random pass adds only what it misses."""
     generator = generator or GENERATOR[0]
-    if generator != "both":
+    if generator == "hypothesis":
         return (generator,)
-    if _random_programs(machine, 0, 0, instead="Hypothesis's seeds alone") is None:
+    if not _drawable(machine, "Hypothesis's seeds alone" if generator == "both" else "Hypothesis draws them"):
         return ("hypothesis",)
-    return ("hypothesis", "random")
+    return ("hypothesis", "random") if generator == "both" else ("random",)
+
+
+def _drawable(machine: type[RuleBasedStateMachine], instead: str) -> bool:
+    """Whether the random generator can draw the machine's programs; where it cannot,
+    stderr says why and what runs `instead`."""
+    try:
+        random_programs.rules_of(machine, REPLAY_NAMES)
+    except random_programs.Unsupported as e:
+        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): {instead}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def run_machine(
     machine: type[RuleBasedStateMachine], *, seed_value: int, examples: int, steps: int, shrink: bool = True,
-    baseline: Baseline | None = None, generator: str = "",
+    baseline: Baseline | None = None, generator: str = "", guard: bool = True,
 ) -> RunResult:
     """Run `examples` random programs of up to `steps` steps from `seed_value`, drawn by
     `generator` ("hypothesis" or "random"; by default the campaign's, Hypothesis for
-    "both"); violations the baseline knows end their program without failing the run."""
+    "both"); violations the baseline knows end their program without failing the run.
+    `guard`: watch each engine call for hangs and tell Ctrl-C from the engine's own
+    KeyboardInterrupt (`guarded`); off under a test runner, which has its own timeouts."""
     drawn_by = generator or ("hypothesis" if GENERATOR[0] == "both" else GENERATOR[0])
     programs = _random_programs(machine, seed_value, steps) if drawn_by == "random" else None
     test = _hypothesis_test(machine, seed_value, examples, steps, shrink) if programs is None else (
@@ -100,7 +114,7 @@ def run_machine(
 
     PropertyViolated.hooks.append(note_first_catch)
     PropertyViolated.baseline = baseline
-    with guarded():  # one run: a hang shortens the limit for its shrinking too
+    with guarded() if guard else nullcontext():  # one run: a hang shortens the limit for its shrinking too
         try:
             with seed_alone():
                 test()
@@ -130,16 +144,13 @@ def run_machine(
                      shown=tuple(map(readable, steps_found)))
 
 
-def _random_programs(machine: type[RuleBasedStateMachine], seed_value: int, steps: int,
-                     instead: str = "Hypothesis draws them") -> random_programs.Programs | None:
-    """The random generator's programs for this machine; None where the machine needs
-    Hypothesis's engine, and stderr says why and what runs `instead`."""
-    try:
-        return random_programs.Programs(machine, seed_value, steps, REPLAY_NAMES)
-    except random_programs.Unsupported as e:
-        print(f"kvoracle: the random generator cannot draw {machine.__name__}'s programs ({e}): {instead}",
-              file=sys.stderr)
+def _random_programs(machine: type[RuleBasedStateMachine], seed_value: int,
+                     steps: int) -> random_programs.Programs | None:
+    """The random generator's programs for this machine; None (Hypothesis draws them, and
+    stderr says why) where the machine needs Hypothesis's engine."""
+    if not _drawable(machine, "Hypothesis draws them"):
         return None
+    return random_programs.Programs(machine, seed_value, steps, REPLAY_NAMES)
 
 
 def _hypothesis_test(machine: type[RuleBasedStateMachine], seed_value: int, examples: int, steps: int,

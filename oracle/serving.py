@@ -30,7 +30,9 @@ class SchedulerAdapter(Protocol):
     block_size: int
     gpu_blocks: int
     cpu_blocks: int
-    timeout: int  # ticks of the machine's clock by which every transfer is over, answered or timed out (LIVE-TRANSFER)
+    # ticks of the machine's clock by which every transfer is over, answered or timed out (LIVE-TRANSFER); with
+    # events(), a transfer reported timed out must have been in flight that long (spec's complete, REFINEMENT)
+    timeout: int
     # Optional: the fault kinds the engine's I/O can suffer (a synchronous engine has no
     # HANG or TWICE); the machine draws only those. Absent: every kind of the fault model.
     # fault_kinds: frozenset[FaultKind]
@@ -94,7 +96,8 @@ class SchedulerAdapter(Protocol):
         and admissions (the clock is the checker's own)."""
         ...
     def events(self) -> list[Event] | None:
-        """The spec actions taken since the last call, in order, with their choices."""
+        """The spec actions taken since the last call, in order, with their choices (the
+        machine applies the ticks the call let pass first, then these)."""
         ...
     def invariants(self) -> list[Violation]:
         """The cache's invariants and the engine's own structural checks."""

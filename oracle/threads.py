@@ -29,7 +29,7 @@ from kvoracle.spec.invariants import Violation
 Hook = Callable[[threading.ExceptHookArgs], object]
 
 _deaths: list[tuple[str, threading.ExceptHookArgs]] = []  # recorded since the latest report
-_older: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # threads alive when the watch began
+_older: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # threads alive when the program's build began
 _replaced: list[Hook] = []  # the hook in place before the engine's build, until `unwatch` puts it back
 _NUMBERED = re.compile(r"^(Thread|ThreadPoolExecutor|Dummy)-\d+(_\d+)?")  # a process-wide count
 
@@ -69,6 +69,7 @@ def building() -> Iterator[None]:
     that died meanwhile is a finding (VALID-INPUT), raised as the construction ends; a
     construction that fails, or finds one, unwatches first (the machine has no teardown)."""
     watch()
+    _older.update(threading.enumerate())  # a new program: what runs now is not its engine's
     try:
         yield
         found = died("the engine's build")
@@ -92,7 +93,6 @@ def watch() -> None:
     the deaths over."""
     _deaths.clear()
     _older.clear()
-    _older.update(threading.enumerate())
     if threading.excepthook is not _record:  # (_record left by a program that never unwatched: keep the older)
         _replaced[:] = [threading.excepthook]
     threading.excepthook = _record

@@ -146,7 +146,8 @@ def complete(s: System, t: TransferId, outcome: Outcome) -> System:
     times out only once it has been in flight `timeout` ticks (Next times it out on the
     tick that brings it there; LIVE-TRANSFER holds it to that tick): a timeout before
     gives up on an answer that may still come in time."""
-    if isinstance(outcome, Timeout) and t in s.started:
+    if isinstance(outcome, Timeout) and t in s.cache.transfers:
+        require(t in s.started, "complete", f"transfer {t} is in flight with no start time")
         age = s.now - s.started[t]
         require(age >= s.timeout, "complete", f"transfer {t} timed out after {age} ticks in flight, "
                                               f"before its timeout of {s.timeout}")

@@ -7,8 +7,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.campaign import run_machine
+from kvoracle.oracle.mutants import Mutant
 from kvoracle.oracle.scheduler_machine import SchedulerMachine
+from kvoracle.oracle.targets import Target
+from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec import liveness
+from kvoracle.spec.state import Status
+from kvoracle.spec.types import RequestId
 
 
 @pytest.mark.parametrize("backend", ["numpy", "paddle"])
@@ -34,3 +40,23 @@ def test_a_request_holding_the_whole_gpu_drains_within_the_bound() -> None:
     m.schedule((Fault(FaultKind.HANG), Fault(FaultKind.LATE, delay=2), Fault(FaultKind.ERROR), Fault(FaultKind.HANG)))
     m.teardown()  # LIVE-DRAIN: raises PropertyViolated if a block is still held
     assert liveness.drained(m.view(), len(m.engine.transfers())) == []
+
+
+class AbortForgetsFinished(ResourceManager):
+    """The eighteenth blind run's plant: `abort` refuses only aborted requests, so aborting
+    a finished one fails deep inside (a ValueError), not with RequestGone."""
+
+    def abort(self, r: RequestId) -> None:
+        req = self.requests.get(r)
+        if req is not None and req.status is Status.FINISHED:
+            raise ValueError(f"{r} is not in deque")
+        super().abort(r)
+
+
+def test_an_abort_that_refuses_only_aborted_requests_is_caught() -> None:
+    """DOUBLE_ABORT names a finished request as well as an aborted one (by turns)."""
+    plant = Mutant("abort-forgets-finished", 0, "", "", frozenset({"BAD-INPUT"}), scheduler_class=AbortForgetsFinished)
+    result = run_machine(Target(plant.name, "scheduler", plant).machine(), seed_value=0, examples=75, steps=100)
+    assert result.first_id == "BAD-INPUT", result.violation
+    assert "expected RequestGone, raised ValueError" in str(result.violation)
+    assert run_machine(Target("reference", "scheduler", None).machine(), seed_value=0, examples=75, steps=100).passed

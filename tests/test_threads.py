@@ -20,6 +20,7 @@ from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.targets import Target
 from kvoracle.oracle.engine import BadInput
+from kvoracle.oracle.violations import PropertyViolated
 from kvoracle.spec.types import Ok, Outcome, RequestId, TransferId
 
 
@@ -175,28 +176,47 @@ def test_a_default_thread_name_is_reported_without_its_process_wide_count() -> N
     assert again is not None and str(again.violations) == str(result.violation.violations)  # type: ignore[union-attr]
 
 
-def test_a_thread_older_than_the_program_is_named_as_such_when_it_dies() -> None:
-    """A death is charged to the program being watched, whose replay may not have the
-    thread: one that was already running when the watch began says so."""
+def started_until_told(name: str) -> tuple[threading.Thread, threading.Event]:
+    """A worker already running, which dies (OSError) once the event is set."""
     go = threading.Event()
 
     def dies_when_told() -> None:
         go.wait()
-        raise OSError("the old worker's disk is gone")
+        raise OSError(f"{name}'s disk is gone")
 
-    older = threading.Thread(target=dies_when_told, name="old-worker")
-    older.start()
-    threads.watch()
+    worker = threading.Thread(target=dies_when_told, name=name)
+    worker.start()
+    return worker, go
+
+
+def test_a_thread_older_than_the_program_is_named_as_such_when_it_dies() -> None:
+    """A death is charged to the program being watched, whose replay may not have the
+    thread: one that was already running when the program's build began says so."""
+    older, go = started_until_told("old-worker")
     try:
-        on_worker(lambda: (_ for _ in ()).throw(OSError("this program's worker")), name="new-worker")
-        go.set()
-        older.join()
-        found = [v.message for v in threads.died("the engine's build")]
-    finally:
-        threads.unwatch()
+        with threads.building():
+            on_worker(lambda: (_ for _ in ()).throw(OSError("this program's worker")), name="new-worker")
+            go.set()
+            older.join()
+    except PropertyViolated as e:
+        found = [v.message for v in e.violations]
     assert len(found) == 2, found
     assert "thread 'new-worker' died" in found[0]
     assert "thread 'old-worker', left running by an earlier program or the harness, died" in found[1]
+
+
+def test_a_reproduction_names_a_worker_its_own_lines_started_as_the_engines() -> None:
+    """A reproduction watches only its last call (findings.Last): a worker its earlier
+    lines started is the engine's, and its death reads as in the campaign."""
+    worker, go = started_until_told("io-worker")
+    threads.watch()
+    try:
+        go.set()
+        worker.join()
+        found = [v.message for v in threads.died("the last call")]
+    finally:
+        threads.unwatch()
+    assert len(found) == 1 and "thread 'io-worker' died" in found[0], found
 
 
 class BadCallWorkerDies(ReferenceCache):

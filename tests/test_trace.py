@@ -148,6 +148,14 @@ def test_a_ticks_timeouts_follow_it_and_one_a_tick_late_is_caught() -> None:
     assert [v.id for v in late.violations] == ["LIVE-TRANSFER"] and late.line == 7
 
 
+def test_a_timeout_before_the_transfers_time_is_no_step_of_spec() -> None:
+    """A transfer timed out one tick before its timeout (an engine whose clock runs ahead)."""
+    early = check_trace(scheduler_trace(last=[{"op": "tick", "ticks": 1},
+                                              {"op": "complete", "transfer": 0, "outcome": "timeout"}]))
+    assert [v.id for v in early.violations] == ["PRECONDITION"], early.violations
+    assert "timed out after 1 ticks in flight, before its timeout of 2" in early.violations[0].message
+
+
 def test_a_version_2_scheduler_trace_is_refused_by_name() -> None:
     """Version 2 named a scheduler trace's blocks by spec's earlier hash encoding."""
     with pytest.raises(TraceFormatError, match="line 1: .*version 2 .*record it again"):

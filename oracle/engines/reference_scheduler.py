@@ -29,6 +29,16 @@ from kvoracle.spec.state import EXITED, Request, Status, System
 from kvoracle.spec.types import RequestId
 
 
+
+def _turn_about(exited: list[RequestId], finished: list[RequestId]) -> tuple[RequestId, RequestId]:
+    """Two exited requests, one finished and one aborted where both kinds exist (which
+    comes first turns about with the number exited), else the latest twice."""
+    aborted = [r for r in exited if r not in finished]
+    if not finished or not aborted:
+        return exited[-1], exited[-1]
+    pair = (finished[-1], aborted[-1])
+    return pair if len(exited) % 2 else (pair[1], pair[0])
+
 class ReferenceScheduler(Scripted):
     """ResourceManager (or a mutant) over CacheManager, its storage and copier failing as
     each call's faults say, moving real KV bytes (numpy, or KV_BACKEND). Each call runs
@@ -131,16 +141,16 @@ class ReferenceScheduler(Scripted):
         finish names every running request first: the whole batch must be refused, so
         an engine that finishes the good ones before it meets the bad one is caught."""
         rm = self.rm
-        # the exited request submitted last, finished or aborted: a finish or an abort of either is refused alike
-        exited = [r for r, q in rm.requests.items() if q.status in EXITED][-1:]
+        exited = [r for r, q in rm.requests.items() if q.status in EXITED]
         calls: dict[BadInput, Callable[[], str]] = {
             BadInput.UNKNOWN_REQUEST: lambda: f"rm.finish({[*rm.running, NOBODY]})",
             BadInput.TOO_LARGE: lambda: f"rm.submit({NOBODY}, [1] * {rm.cache.gpu.size * self.block_size})",
             BadInput.EMPTY: lambda: f"rm.submit({NOBODY}, [])",
         }
-        if exited:
-            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish({[*rm.running, *exited]})"
-            calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({exited[0]})"
+        if exited:  # a finish and an abort each of a finished and of an aborted request, turn about
+            gone = _turn_about(exited, [r for r in exited if rm.requests[r].status is Status.FINISHED])
+            calls[BadInput.DOUBLE_FINISH] = lambda: f"rm.finish({[*rm.running, gone[0]]})"
+            calls[BadInput.DOUBLE_ABORT] = lambda: f"rm.abort({gone[1]})"
         if rm.requests:
             first = next(iter(rm.requests))  # submitted again with its own prompt, as a client's retry
             calls[BadInput.DUPLICATE_REQUEST] = lambda: f"rm.submit({first}, {list(rm.requests[first].tokens)})"
