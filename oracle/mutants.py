@@ -288,6 +288,8 @@ class DriftingClock(ResourceManager):
     lets a tick pass (`tick()` for `tick(0)`), so the scheduler's clock runs ahead of the
     caller's and its transfers time out early."""
 
+    _in_evict = False
+
     def tick(self, n: int = 1) -> None:
         super().tick(1 if n == 0 and self._in_evict else n)
 
@@ -297,8 +299,6 @@ class DriftingClock(ResourceManager):
             return super()._evict(need)
         finally:
             self._in_evict = False
-
-    _in_evict = False
 
 
 # --- 11: a late completion frees blocks that were reused ----------------------------------------

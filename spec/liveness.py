@@ -38,7 +38,7 @@ from typing import TypeVar
 from kvoracle.spec import scheduler
 from kvoracle.spec.actions import Drop, EvictCpu, EvictStep, SkipStale, SwapOutTo
 from kvoracle.spec.invariants import Violation, owners
-from kvoracle.spec.state import QUEUED, CacheState, Status, System, blocks_for, cpu_evictable, gpu_evictable
+from kvoracle.spec.state import QUEUED, CacheState, Status, System, blocks_for, cpu_evictable, due, gpu_evictable
 from kvoracle.spec.types import Ok, Tier
 from kvoracle.spec.view import FREE, View, of_system, request_name
 
@@ -73,7 +73,7 @@ def live_transfer(started: Mapping[K, int], now: int, timeout: int) -> list[Viol
     `timeout` ticks stays so until the next tick, into its `timeout + 1`-th. `started`
     is the checker's own record of when it first saw each transfer."""
     return [Violation("LIVE-TRANSFER", f"transfer {t} still in flight after {now - at} ticks (timeout {timeout})")
-            for t, at in sorted(started.items(), key=lambda kv: str(kv[0])) if now - at >= timeout]
+            for t, at in sorted(started.items(), key=lambda kv: str(kv[0])) if due(at, now, timeout)]
 
 
 def live_evict(before: CacheState | None, evictable: int, need: int, steps: Sequence[EvictStep] | None,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from kvoracle.spec import actions, scheduler
 from kvoracle.spec.actions import Complete, Drop, Evict, EvictCpu, EvictStep, Reset, SkipStale, SwapOutTo
 from kvoracle.spec.scheduler import Admit, Decode, Event, Exit, Insert, Prefill, Tick
-from kvoracle.spec.state import QUEUED, CacheState, Status, System, blocks_for, cpu_evictable, gpu_evictable, initial_system
+from kvoracle.spec.state import (QUEUED, CacheState, Status, System, blocks_for, cpu_evictable, due, gpu_evictable,
+                                 initial_system)
 from kvoracle.spec.types import (
     BlockHash,
     Error,
@@ -182,7 +183,7 @@ class Next:
 
     def _tick(self, s: System) -> Step:
         """Time passes one tick; every transfer that reaches its timeout is timed out."""
-        expired = [t for t, at in sorted(s.started.items()) if s.now + 1 - at >= s.timeout]
+        expired = [t for t, at in sorted(s.started.items()) if due(at, s.now + 1, s.timeout)]
         return (Tick(1), *(Complete(t, Timeout()) for t in expired))
 
     # --- eviction --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from kvoracle.spec import actions
 from kvoracle.spec.actions import Complete, Evict, Reset, require
 from kvoracle.spec.frozen import replace
 from kvoracle.spec.hashing import block_hashes
-from kvoracle.spec.state import EXITED, QUEUED, CacheState, Request, Status, System, blocks_for
+from kvoracle.spec.state import EXITED, QUEUED, CacheState, Request, Status, System, blocks_for, due
 from kvoracle.spec.types import BlockHash, GpuBlock, Outcome, RequestId, Timeout, TransferId
 
 EXITS = (Status.FINISHED, Status.ABORTED, Status.PREEMPTED)
@@ -148,9 +148,8 @@ def complete(s: System, t: TransferId, outcome: Outcome) -> System:
     gives up on an answer that may still come in time."""
     if isinstance(outcome, Timeout) and t in s.cache.transfers:
         require(t in s.started, "complete", f"transfer {t} is in flight with no start time")
-        age = s.now - s.started[t]
-        require(age >= s.timeout, "complete", f"transfer {t} timed out after {age} ticks in flight, "
-                                              f"before its timeout of {s.timeout}")
+        require(due(s.started[t], s.now, s.timeout), "complete", f"transfer {t} timed out after "
+                f"{s.now - s.started[t]} ticks in flight, before its timeout of {s.timeout}")
     return _with_cache(s, actions.complete(s.cache, t, outcome))
 
 

@@ -209,3 +209,10 @@ def evictable_nodes(s: CacheState) -> tuple[list[BlockHash], list[BlockHash]]:
 def blocks_for(tokens: int, block_size: int) -> int:
     """Blocks a table needs to hold `tokens` tokens."""
     return -(-tokens // block_size)
+
+
+def due(started_at: int, now: int, timeout: int) -> bool:
+    """Whether a transfer that started at `started_at` has been in flight its `timeout`
+    ticks at `now`: the tick that brings it there ends it (Next times it out then, no
+    sooner; LIVE-TRANSFER finds it still in flight after)."""
+    return now - started_at >= timeout
