@@ -1,6 +1,7 @@
 """The two program generators side by side on every target of `kvoracle check`: for each,
 its verdict, the first violated property, the machine steps run before the first
-violation (first catch), the length of the shrunk program, the seconds of the whole
+violation (first catch), the length of the shrunk program and the faults it injects
+(a failed, partial, hung or late I/O call of a scheduler-level step), the seconds of the whole
 campaign (shrinking included) and its steps per second. A benchmark, not a test: no
 asserts; each row is measured here and now, the two generators one after the other.
 
@@ -15,13 +16,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from kvoracle.oracle import audit, campaign
+from kvoracle.oracle.campaign import RunResult
 from kvoracle.oracle.cli import run_target
 from kvoracle.oracle.report import columns
 from kvoracle.oracle.targets import all_targets
+
+
+# a fault as a scheduler-level step's readable faults print it (kvcache.faults.Fault.__str__)
+_FAULT = re.compile(r"\b(?:raise|error|hang|partial\(\d+\)|late\(\d+\)|twice\(\d+\))(?=[,\]])")
+
+
+def faults_in(result: RunResult | None) -> int:
+    """The faults a shrunk program injects, as `kvoracle check` prints it."""
+    return 0 if result is None or result.passed else sum(len(_FAULT.findall(s)) for s in campaign.shown(result))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("note: run with PYTHONHASHSEED=0 for the figures `kvoracle check` gives", file=sys.stderr)
     audit.set_interval(args.audit_every)
     rows = []
-    totals: dict[str, list[float]] = {g: [0, 0, 0] for g in campaign.DRAWERS}  # shrunk steps, seconds, steps
+    totals: dict[str, list[float]] = {g: [0, 0, 0, 0] for g in campaign.DRAWERS}  # shrunk steps, seconds, steps, faults
     for target in all_targets():
         if args.only and target.name not in args.only:
             continue
@@ -47,14 +59,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             totals[generator][0] += row.shrunk
             totals[generator][1] += row.seconds
             totals[generator][2] += row.steps
+            totals[generator][3] += faults_in(row.result)
             rows.append((target.name, target.level, generator, row.verdict, row.first_id or "-",
-                         "-" if first is None else f"{first:,}", str(row.shrunk), f"{row.seconds:.1f}",
+                         "-" if first is None else f"{first:,}", str(row.shrunk), str(faults_in(row.result)), f"{row.seconds:.1f}",
                          f"{row.steps / row.seconds:,.0f}"))
             print(f"  {target.name} ({generator}): {row.verdict}", file=sys.stderr, flush=True)
     campaign.set_generator(campaign.DEFAULT_GENERATOR)
-    for generator, (shrunk, seconds, steps) in totals.items():
-        rows.append(("all", "", generator, "", "", "", f"{shrunk:.0f}", f"{seconds:.1f}", f"{steps / seconds:,.0f}"))
-    print(columns(("target", "level", "generator", "verdict", "first ID", "first catch", "shrunk", "seconds",
+    for generator, (shrunk, seconds, steps, faults) in totals.items():
+        rows.append(("all", "", generator, "", "", "", f"{shrunk:.0f}", f"{faults:.0f}", f"{seconds:.1f}",
+                     f"{steps / seconds:,.0f}"))
+    print(columns(("target", "level", "generator", "verdict", "first ID", "first catch", "shrunk", "faults", "seconds",
                    "steps/s"), rows))
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvoracle.kvcache.faults import Fault, FaultKind
-from kvoracle.oracle import threads, watchdog
+from kvoracle.oracle import random_programs, threads, watchdog
 from kvoracle.oracle.audit import Audit, walk
 from kvoracle.oracle.cache_machine import PROMPTS, Tally
 from kvoracle.oracle.disk import DAMAGE
@@ -85,7 +85,45 @@ def _faults(u: int) -> tuple[Fault, ...]:
     return tuple(out)
 
 
+SEARCHED = 1 << 17  # the integers `fewer_faults` searches for a draw of a given list of faults
+_FIRST_DRAWS: dict[tuple[float, tuple[Fault, ...]], dict[tuple[Fault, ...], int]] = {}  # the latest rate and pool's
+
+
+def fewer_faults(u: int) -> list[int]:
+    """Integers whose faults are simpler than u's, simplest first: 0 (no fault at all);
+    then, for each of u's faults, u's faults with that call succeeding; then with that
+    fault replaced by one earlier in the fault pool (a raise before a partial before a
+    hang before a late answer); every other call as it was. Each is the least integer
+    drawing those faults among the first SEARCHED (a list of one or two faults nearly
+    always is one). The order, fewer faults then earlier ones, is well founded; mixing
+    puts it out of reach of the integer's own."""
+    faults, pool = _faults(u), FAULT_POOL[0]
+    table = _first_draws()
+    real = [i for i, f in enumerate(faults) if f.kind is not FaultKind.OK]
+    wanted = [(*faults[:i], OK, *faults[i + 1:]) for i in real if len(real) > 1]
+    wanted += [(*faults[:i], earlier, *faults[i + 1:]) for i in real if faults[i] in pool
+               for earlier in pool[: pool.index(faults[i])]]
+    found = ([0] if u else []) + [table[w] for w in wanted if w in table]
+    return list(dict.fromkeys(found))
+
+
+def _first_draws() -> dict[tuple[Fault, ...], int]:
+    """The least integer in 1..SEARCHED that draws each list of up to 3 faults, under the
+    campaign's rate and fault pool (built once for each, when a shrink first asks)."""
+    key = (FAULT_RATE[0], FAULT_POOL[0])
+    if key not in _FIRST_DRAWS:
+        _FIRST_DRAWS.clear()
+        table: dict[tuple[Fault, ...], int] = {}
+        for n in range(SEARCHED, 0, -1):  # the least integer written last
+            drawn = _faults(n)
+            if sum(f.kind is not FaultKind.OK for f in drawn) <= 3:
+                table[drawn] = n
+        _FIRST_DRAWS[key] = table
+    return _FIRST_DRAWS[key]
+
+
 faults = st.integers(0, 2**32 - 1).map(_faults)
+random_programs.shrink_mapped_by(_faults, fewer_faults)
 
 
 def _widen(engine: SchedulerAdapter) -> int:

@@ -4,7 +4,8 @@ journals, replays, the random generator and the command line read rules through 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -30,7 +31,14 @@ def other_members(machine: type[RuleBasedStateMachine]) -> dict[str, str]:
             if getattr(getattr(machine, name), attribute, None) is not None}
 
 
-def enabled(rule: Any, state: RuleBasedStateMachine) -> bool:
+class Guarded(Protocol):
+    """What `enabled` reads of a rule: its preconditions, each a predicate on the machine."""
+
+    @property
+    def preconditions(self) -> Sequence[Callable[[RuleBasedStateMachine], object]]: ...
+
+
+def enabled(rule: Guarded, state: RuleBasedStateMachine) -> bool:
     """Whether every precondition of `rule` (Hypothesis's record, or anything else with
     its `preconditions`) holds in `state`; what one raises propagates."""
     return all(p(state) for p in rule.preconditions)

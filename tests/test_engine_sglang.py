@@ -14,7 +14,7 @@ if importlib.util.find_spec("sglang") is None:  # not imported here: importing i
 
 from kvoracle.oracle.engines.sglang import STANDIN  # noqa: E402
 
-exec(STANDIN, {})  # what a CPU machine cannot load (up to 0.5.19 sglang imports torchvision as it loads)
+exec(STANDIN, {})  # what a CPU machine cannot load (tried: 0.5.15 to 0.5.22 import torchvision as sglang loads)
 
 from engine_findings import assert_reproduces, reproductions  # noqa: E402
 from kvoracle.oracle.engine import BadInput  # noqa: E402

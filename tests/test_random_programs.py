@@ -16,6 +16,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
+from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle import audit, campaign
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.campaign import (EXAMPLES, REPLAY_NAMES, SEEDS, STEPS, RunResult, programs_per_seed, replay,
@@ -25,7 +26,8 @@ from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engine_machine import EngineMachine
 from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
 from kvoracle.oracle.random_programs import Draw, Programs, Unsupported, drawer, rules_of, shown
-from kvoracle.oracle.scheduler_machine import DiskMachine, SchedulerMachine, _faults, use_faults
+from kvoracle.oracle.scheduler_machine import (FAULTS, DiskMachine, SchedulerMachine, _faults, faults, fewer_faults,
+                                             use_faults)
 from kvoracle.oracle.targets import Target, all_targets
 from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -191,6 +193,41 @@ def test_a_planted_bug_is_found_shrunk_to_a_shortest_program_and_replays(random_
     again = replay(Planted, program)
     assert result.violation is not None and again is not None
     assert (result.violation.step, result.violation.violations) == (again.step, again.violations)  # the shown one's
+
+
+class NeedsAHang(RuleBasedStateMachine):
+    """A bug that needs a step whose I/O hangs, whatever the step's other calls do: the
+    simplest such step has that one fault, and nothing else can go wrong in it."""
+
+    @rule(f=faults)
+    def io(self, f: tuple[Fault, ...]) -> None:
+        if any(x.kind is FaultKind.HANG for x in f):
+            raise PropertyViolated("io", [Violation("LIVE-TRANSFER", "a call hung")])
+
+
+def test_a_drawn_list_of_faults_shrinks_to_the_one_fault_that_matters(random_generator: None) -> None:
+    """The integer a fault list is drawn from is mixed, so one nearer 0 draws unrelated
+    faults: the shrinker takes faults away (or makes them earlier ones) instead."""
+    result = run_machine(NeedsAHang, seed_value=0, examples=200, steps=5)
+    assert not result.passed and list(result.counterexample) == [result.counterexample[-1]]
+    drawn = _faults(int(result.counterexample[-1].removeprefix("state.io(f=_faults(").removesuffix("))")))
+    assert [f for f in drawn if f.kind is not FaultKind.OK] == [Fault(FaultKind.HANG)], drawn
+
+
+def test_each_simpler_fault_list_has_fewer_faults_or_earlier_ones() -> None:
+    kinds = list(FAULTS)
+
+    def weight(u: int) -> tuple[int, int]:
+        real = [kinds.index(f) for f in _faults(u) if f.kind is not FaultKind.OK]
+        return len(real), sum(real)
+
+    rng = random.Random(3)
+    offered = 0
+    for u in (rng.randrange(1, 2**32) for _ in range(100)):
+        simpler = fewer_faults(u)
+        assert simpler[0] == 0 and all(weight(n) < weight(u) for n in simpler[1:]), u
+        offered += len(simpler) > 1
+    assert offered > 50  # most lists of faults have a simpler one among the integers searched
 
 
 @pytest.mark.parametrize("name", ["double-free", "write-raise-finish"])

@@ -19,7 +19,7 @@ if importlib.util.find_spec("sglang") is None:
 
 from kvoracle.oracle.engines.sglang import STANDIN  # noqa: E402
 
-exec(STANDIN, {})  # what a CPU machine cannot load (0.5.19 .. 0.5.21 import torchvision with sglang)
+exec(STANDIN, {})  # what a CPU machine cannot load (tried: 0.5.15 to 0.5.22 import torchvision as sglang loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
