@@ -52,22 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "initialised in the session)")
 
 
-def _built(adapter: type) -> tuple[str, bool]:
-    """Build the adapter once, as `kvoracle check` does before its campaigns: what is
-    wrong ('' : nothing) and whether it declares bad calls."""
-    from kvoracle.oracle.engines import built_problem
-
-    try:
-        made = adapter()
-    except Exception as e:  # noqa: BLE001 - the adapter's own error, said as a usage error
-        return f"could not build its engine: {e!r}", False
-    problem = built_problem(made)
-    return problem, bool(getattr(made, "bad_inputs", None))
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     from kvoracle.oracle.engines import load_adapter, protocol_of
     from kvoracle.oracle.isolation import Ended, in_child
+    from kvoracle.oracle.preflight import Built, preflight
 
     specs: list[str] = config.getoption("kvoracle_adapter")
     for spec in specs:
@@ -77,16 +65,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"--kvoracle-adapter {spec}: {e}") from None
         level = protocol_of(adapter)
         if config.getoption("kvoracle_isolated"):  # built in a child: the session's process stays as it was (CUDA)
-            answer = in_child(partial(_built, adapter))
+            answer = in_child(partial(preflight, adapter))
             # an engine that ends the process as it is built: its test says so, with the program
-            problem, bad = ("", bool(getattr(adapter, "bad_inputs", None))) if isinstance(answer, Ended) else answer
+            built = Built("", bool(getattr(adapter, "bad_inputs", None))) if isinstance(answer, Ended) else answer
         else:
-            problem, bad = _built(adapter)
-        if problem:
+            built = preflight(adapter)
+        if built.problem:
             raise pytest.UsageError(f"--kvoracle-adapter {spec}: the {getattr(adapter, 'name', adapter.__name__)} "
-                                    f"adapter {problem}")
+                                    f"adapter {built.problem}")
         items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec}]", spec=spec, adapter=adapter))
-        if level == "engine" and bad:
+        if level == "engine" and built.bad_inputs:
             items.append(AdapterItem.from_parent(session, name=f"kvoracle[{spec} +bad input]", spec=spec,
                                                  adapter=adapter, bad_input=True))
 

@@ -418,16 +418,9 @@ def settings_option(args: argparse.Namespace, pool: bool) -> Settings | None:
     return settings
 
 
-def print_unchecked(adapter: type) -> None:
-    """Under the table: what this adapter's campaign could not check, and why. An adapter
-    that cannot be built or observed here (its engine's API moved) has already failed its
-    campaign, which says where: this says so, and the campaign's report goes on."""
-    try:
-        gaps = unchecked(adapter())
-    except Exception as e:
-        print(f"not checked: unknown: {adapter.__name__} could not be built and observed alone "
-              f"({type(e).__name__}: {e}); the campaign's finding above says where")
-        return
+def print_unchecked(gaps: Sequence[str]) -> None:
+    """Under the table: what this adapter's campaign could not check, and why (the
+    adapter's preflight found it)."""
     for gap in gaps:
         print(f"not checked: {gap}")
 
@@ -443,7 +436,7 @@ def reproduce(row: Row, repro_dir: Path) -> None:
 
 def cmd_check_engine(args: argparse.Namespace) -> int:
     from kvoracle.oracle.engine_campaign import engine_table, run_engine
-    from kvoracle.oracle.engines import built_problem
+    from kvoracle.oracle.preflight import preflight_alone
 
     if args.engine and args.adapter:
         print("kvoracle check: --engine and --adapter exclude each other", file=sys.stderr)
@@ -471,15 +464,12 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     label = str(getattr(adapter, "name"))
-    try:  # an adapter that cannot build its engine, or observe it, is reported here, not as a finding
-        problem = built_problem(adapter())
-    except Exception as e:
-        problem = f"could not build its engine: {e!r}"
-    if problem:
-        print(f"kvoracle check: the {label} adapter {problem}", file=sys.stderr)
+    built = preflight_alone(adapter)  # what is wrong with the adapter is said here, not as a finding
+    if built.problem:
+        print(f"kvoracle check: the {label} adapter {built.problem}", file=sys.stderr)
         return 2
     if level != "engine":
-        return check_machine_adapter(args, adapter, level, settings)
+        return check_machine_adapter(args, adapter, level, settings, built.gaps)
     seeds = list(range(args.seed, args.seed + args.seeds))
     campaigns = (False, True) if getattr(adapter, "bad_inputs") else (False,)  # bad input only where it has some
     rows: list[EngineRow] = []
@@ -496,7 +486,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     progress(sys.stderr, len(campaigns), len(campaigns), "done")
     end_progress(sys.stderr)
     print(engine_table(rows))
-    print_unchecked(adapter)
+    print_unchecked(built.gaps)
     for r in rows:
         print_known(r.result.known, f" of {r.target}")
     for r in rows:
@@ -601,9 +591,11 @@ def import_adapter(spec: str) -> type:
         raise ValueError(f"--adapter {spec}: {e}") from None
 
 
-def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings) -> int:
+def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, settings: Settings,
+                          gaps: Sequence[str]) -> int:
     """A tiered-cache or scheduler adapter: the reference's own machine at that level,
-    valid and bad input together, as for the reference (in a process of its own)."""
+    valid and bad input together, as for the reference (in a process of its own);
+    `gaps`: what it leaves unchecked."""
     target = Target(str(getattr(adapter, "name")), level, None, adapter)
     baseline = Baseline.parse(args.expect) if args.expect else None
     seeds = list(range(args.seed, args.seed + args.seeds))
@@ -611,7 +603,7 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, s
     use_target_faults(target)  # as its campaign drew: a program journaled by a process the engine ended renders here
     end_progress(sys.stderr)
     print(table([row]))
-    print_unchecked(adapter)
+    print_unchecked(gaps)
     if row.outcomes:
         print("transfers ended: " + ", ".join(f"{k} {n}" for k, n in sorted(row.outcomes.items())))
     print_known(row.known)

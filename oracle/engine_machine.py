@@ -22,7 +22,7 @@ from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, REQUIRED_OPS, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
 from kvoracle.oracle.interrupts import stops
-from kvoracle.oracle.violations import PropertyViolated, described
+from kvoracle.oracle.violations import PropertyViolated, described, kept
 from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
@@ -135,7 +135,7 @@ class EngineMachine(RuleBasedStateMachine):
             cut = min(len(tokens), chunks * self.adapter.block_size)
             tokens, self.prompts[rid] = tokens[:cut], tokens[cut:]
         self.live[rid] = len(tokens)  # before the call: the check after it expects the request
-        self._call("admit", lambda: self.adapter.admit(rid, tokens), undo=lambda: self._forget(rid))
+        self._call("admit", lambda: self.adapter.admit(rid, list(tokens)), undo=lambda: self._forget(rid))
 
     @precondition(lambda self: self.supports(Op.PREFILL) and bool(self._pending()))
     @rule(i=st.integers(0, 7), blocks=st.integers(1, 2))
@@ -151,7 +151,7 @@ class EngineMachine(RuleBasedStateMachine):
             self._shrink(rid, len(chunk))
             self.prompts[rid] = chunk + self.prompts[rid]
 
-        self._call("prefill", lambda: self.adapter.prefill(rid, chunk), undo=undo)
+        self._call("prefill", lambda: self.adapter.prefill(rid, list(chunk)), undo=undo)
 
     @precondition(lambda self: self.supports(Op.GROW) and len(self._pending()) < len(self.live))
     @rule(i=st.integers(0, 7), token=st.integers(1, 2))
@@ -161,7 +161,7 @@ class EngineMachine(RuleBasedStateMachine):
             return  # decode follows prefill
         more = [token] * self.adapter.block_size
         self.live[rid] += len(more)
-        self._call("grow", lambda: self.adapter.grow(rid, more), undo=lambda: self._shrink(rid, len(more)))
+        self._call("grow", lambda: self.adapter.grow(rid, list(more)), undo=lambda: self._shrink(rid, len(more)))
 
     @precondition(lambda self: bool(self.live))
     @rule(i=st.integers(0, 7))
@@ -195,7 +195,7 @@ class EngineMachine(RuleBasedStateMachine):
         rid = (self.gone[-1] if self.gone else None) if twice else self._pick(i)
         name = f"bad_input:{kind.value}"
         self.mark = call_starts(self.adapter)
-        before = self.adapter.observe()
+        before = kept(self.adapter.observe())
         try:
             called = self.adapter.bad_input(kind, rid)
         except SystemExit as e:  # not a refusal: a bad request must not end the server

@@ -12,8 +12,7 @@ Where SIGINT was ignored or left to the system (a background job, `kvoracle chec
 campaign processes, which Ctrl-C reaches through their parent), no SIGINT can raise one,
 so every KeyboardInterrupt is the engine's. Where this cannot be told (outside
 `listening`: another thread, pytest through `kvoracle.testing`; or an engine that
-installed a SIGINT handler of its own meanwhile) every KeyboardInterrupt stops the run,
-as GeneratorExit (a generator's close) always does.
+installed a SIGINT handler of its own meanwhile) every KeyboardInterrupt stops the run.
 """
 
 from __future__ import annotations
@@ -47,9 +46,10 @@ class EngineInterrupt(Exception):
 
 
 def stops(e: BaseException) -> bool:
-    """Whether `e`, raised by a call into the engine, stops the campaign rather than being a finding."""
-    if isinstance(e, GeneratorExit):
-        return True
+    """Whether `e`, raised by a call into the engine, stops the campaign rather than being a
+    finding: only Ctrl-C does. A GeneratorExit that escapes the engine is the engine's, as
+    a SystemExit is: closing one of kvoracle's generators raises it at that generator's own
+    `yield`, never inside a call into the engine."""
     return isinstance(e, KeyboardInterrupt) and not _engines_own()
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hypothesis import currently_in_test_context, reject
 from hypothesis.errors import UnsatisfiedAssumption
 
 from kvoracle.oracle.interrupts import stops
 from kvoracle.spec.invariants import Violation
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -90,7 +94,7 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
     """A bad call must be refused with `error` and change nothing. `call` makes it and
     returns False when it did not apply (then nothing is checked); `made` runs the
     machine's own counting and checks once it was made."""
-    before = snapshot()
+    before = kept(snapshot())
     raised: BaseException | None = None
     try:
         called = call()
@@ -104,6 +108,16 @@ def refused(name: str, error: type[Exception], call: Callable[[], bool], snapsho
     found = refusal(error, raised, snapshot() != before)
     if found:
         raise PropertyViolated(name, found)
+
+
+def kept(seen: T) -> T:
+    """What an adapter returned, kept to compare with later: a deep copy, since it may hand
+    out its live state and change it in place (the two would then always be equal); the
+    object itself where it cannot be copied."""
+    try:
+        return copy.deepcopy(seen)
+    except Exception:  # noqa: BLE001 - the adapter's object refuses copying: compared as it is
+        return seen
 
 
 def refusal(error: type[Exception], raised: BaseException | None, changed: bool) -> list[Violation]:

@@ -8,6 +8,7 @@ checker goes through; nothing outside spec/ restates these definitions.
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter as Multiset
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,12 +198,17 @@ def inv_refcount(v: View) -> list[Violation]:
     if refs is None:
         return []
     out: list[Violation] = []
-    negative = sorted(b for b, n in refs.items() if n < 0)
+    uncounted = sorted(b for b, n in refs.items() if not isinstance(n, numbers.Integral))  # NaN, 0.5: no count
+    if uncounted:
+        text = ", ".join(f"block {b}: {refs[b]!r}" for b in uncounted)
+        out.append(Violation("INV-REFCOUNT", f"reference counts that are no whole number: {text}"))
+    counts = {b: n for b, n in refs.items() if isinstance(n, numbers.Integral)}
+    negative = sorted(b for b, n in counts.items() if n < 0)
     if negative:
         out.append(Violation("INV-REFCOUNT", f"blocks {negative} have a negative reference count"))
     if v.tables is not None:
         holders = Multiset(b for t in v.tables.values() for b in set(t))
-        wrong = sorted((b, n, holders[b]) for b, n in refs.items() if n >= 0 and n != holders[b])
+        wrong = sorted((b, n, holders[b]) for b, n in counts.items() if n >= 0 and n != holders[b])
         if wrong:
             text = ", ".join(f"block {b}: {n} (held by {k})" for b, n, k in wrong)
             out.append(Violation("INV-REFCOUNT", f"reference count differs from the live holders: {text}"))

@@ -184,15 +184,3 @@ def _check_declarations(cls: type) -> None:
         wrong.append(f"bad_inputs must be a frozenset of BadInput members, not {bad!r}")
     if wrong:
         raise ValueError(f"{cls.__name__}: {'; '.join(wrong)}")
-
-
-def built_problem(adapter: object) -> str:
-    """What is wrong with an adapter just built, before a campaign drives it ('' : nothing):
-    its observation must be an Observation."""
-    try:
-        seen = getattr(adapter, "observe")()
-    except Exception as e:  # noqa: BLE001 - the adapter's own error, reported as such
-        return f"its observe() raised {e!r}"
-    if not isinstance(seen, Observation):
-        return f"its observe() returned a {type(seen).__name__}, not an Observation (oracle.engine.Observation)"
-    return ""

@@ -1,0 +1,184 @@
+"""Adapters that misbehave where an engine's test suite would not look: in their
+constructor, in what they declare, in what they do to the arguments they are given, in
+the state they hand back. `kvoracle check` must say so (a usage error, or a finding)
+and never pass, hang, or end in a traceback of its own."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from kvoracle.kvcache.errors import UnknownRequest
+from kvoracle.kvcache.faults import Fault
+from kvoracle.oracle import watchdog
+from kvoracle.oracle.cli import main, run_target
+from kvoracle.oracle.engine import NOBODY, BadInput, Observation, view_of
+from kvoracle.oracle.engines.reference import ReferenceAdapter
+from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+from kvoracle.oracle.preflight import preflight, preflight_alone
+from kvoracle.oracle.targets import Target
+from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.spec.invariants import check
+from kvoracle.spec.state import System
+from kvoracle.spec.types import RequestId
+
+# --- the build ---------------------------------------------------------------------------------
+
+
+class ExitsAsItStarts(ReferenceScheduler):
+    name = "exits-as-it-starts"
+
+    def __init__(self) -> None:
+        sys.exit(0)
+
+
+class ObserveCloses(ReferenceScheduler):
+    name = "observe-closes"
+
+    def observe(self) -> Observation:
+        raise GeneratorExit
+
+
+class EndsItsProcess(ReferenceScheduler):
+    name = "ends-its-process"
+
+    def __init__(self) -> None:
+        os._exit(3)
+
+
+class LeavesAThread(ReferenceScheduler):
+    name = "leaves-a-thread"
+
+    def __init__(self) -> None:
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(3600,), name="never-ends").start()  # not a daemon
+
+
+class ObserveHangs(ReferenceScheduler):
+    name = "observe-hangs"
+
+    def observe(self) -> Observation:
+        time.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_an_adapter_that_exits_or_closes_as_it_is_built_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """SystemExit(0) from the constructor once made `kvoracle check` exit 0 with nothing said."""
+    assert preflight(ExitsAsItStarts).problem == "could not build its engine: SystemExit(0)"
+    assert preflight(ObserveCloses).problem == "its observe() raised GeneratorExit()"
+    assert main(["check", "--adapter", f"{__file__}:ExitsAsItStarts", "--no-coverage"]) == 2
+    assert "the exits-as-it-starts adapter could not build its engine: SystemExit(0)" in capsys.readouterr().err
+
+
+def test_an_adapter_built_alone_cannot_end_or_hold_the_caller() -> None:
+    """`kvoracle check` builds it in a process of its own: one that ends that process is
+    said to, and one that leaves a thread running leaves none here (it kept kvoracle
+    from exiting after its report)."""
+    assert preflight_alone(EndsItsProcess).problem == (
+        "ended its process while it was built and first observed: exited with status 3")
+    threads = threading.active_count()
+    built = preflight_alone(LeavesAThread)
+    assert built.problem == "" and built.gaps == () and threading.active_count() == threads
+
+
+def test_an_adapter_whose_first_look_hangs_is_said_to_after_the_step_timeout() -> None:
+    limit = watchdog.LIMIT[0]
+    watchdog.set_limit(1)
+    try:
+        start = time.monotonic()
+        problem = preflight_alone(ObserveHangs).problem
+    finally:
+        watchdog.set_limit(limit)
+    assert problem == "its observe() did not return within the step timeout (1 s; --step-timeout)"
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("declared, said", [
+    ({"block_size": 0}, "block_size = 0"),
+    ({"gpu_blocks": -6}, "gpu_blocks = -6"),
+    ({"block_size": 2.0}, "block_size = 2.0"),
+    ({"timeout": "4"}, "timeout = '4'"),
+    ({"cpu_blocks": True}, "cpu_blocks = True"),
+    ({"reserve": 8}, "reserve (8) must leave some of its 8 GPU blocks to requests"),
+])
+def test_sizes_no_engine_can_have_are_the_adapters_problem(declared: dict[str, object], said: str) -> None:
+    """They once became findings against the engine (a VALID-INPUT TypeError, a false
+    LIVE-TRANSFER) or a traceback of kvoracle's own."""
+    class Declares(ReferenceScheduler):
+        def __init__(self) -> None:
+            super().__init__()  # an engine built right, declared wrong
+            for name, size in declared.items():
+                setattr(self, name, size)
+
+    problem = preflight(Declares).problem
+    assert problem.startswith("declares ") and said in problem, problem
+
+
+def test_the_shipped_adapters_declare_what_they_can_have() -> None:
+    assert preflight(ReferenceScheduler).problem == "" and preflight(ReferenceAdapter).problem == ""
+
+
+# --- what the adapter does with what it is given, and what it gives back --------------------------
+
+
+class FinishDropsTheLastAndHidesIt(ReferenceScheduler):
+    """The engine ignores the last request of a batch, and its adapter takes that request out
+    of the list it was given."""
+    name = "finish-drops-and-hides"
+
+    def finish(self, batch: Sequence[RequestId], faults: Sequence[Fault]) -> None:
+        if len(batch) > 1:
+            assert isinstance(batch, list)
+            batch.pop()
+        super().finish(list(batch), faults)
+
+
+class StateGoesNone(ReferenceScheduler):
+    """An abstraction when built, none after: nothing would be refined any more."""
+    name = "state-goes-none"
+
+    def state(self) -> System | None:
+        self.looks = getattr(self, "looks", 0) + 1
+        return super().state() if self.looks == 1 else None
+
+
+@pytest.mark.parametrize("adapter, caught", [(FinishDropsTheLastAndHidesIt, "LIVE-EXIT"), (StateGoesNone, "REFINEMENT")])
+def test_an_adapter_cannot_hide_a_bug_in_what_it_was_given_or_gives_back(adapter: type[ReferenceScheduler],
+                                                                         caught: str) -> None:
+    row = run_target(Target(adapter.name, "scheduler", None, adapter), [0, 1], 60, 100)
+    assert row.verdict == "FAIL" and row.first_id == caught, row
+
+
+def test_a_refusal_is_judged_on_a_copy_of_what_the_adapter_showed_before() -> None:
+    """An adapter whose snapshot is one dict refilled in place compared equal to itself,
+    so a refusal that changed the state went unseen."""
+    shown: dict[str, int] = {"finished": 0}
+
+    def snapshot() -> dict[str, int]:
+        return shown
+
+    def finish_the_good_ones_then_refuse() -> bool:
+        shown["finished"] += 1
+        raise UnknownRequest(NOBODY)
+
+    with pytest.raises(PropertyViolated) as caught:
+        refused(BadInput.UNKNOWN_REQUEST.value, UnknownRequest, finish_the_good_ones_then_refuse, snapshot, lambda: None)
+    assert caught.value.first_id == "BAD-INPUT"
+
+
+def test_a_reference_count_that_is_no_whole_number_is_no_count() -> None:
+    """NaN compares false both ways, so it passed as neither negative nor wrong."""
+    adapter = ReferenceAdapter()
+    adapter.admit("r0", [1, 2, 3, 4])
+    seen = adapter.observe()
+    assert seen.refcounts and not [v for v in check(view_of(seen, live={"r0": 4})) if v.id == "INV-REFCOUNT"]
+    for bad in (math.nan, 1.5):
+        odd = replace(seen, refcounts={b: bad for b in seen.refcounts})  # type: ignore[misc]  # the lie told
+        assert [v.id for v in check(view_of(odd, live={"r0": 4}))].count("INV-REFCOUNT") == 1
