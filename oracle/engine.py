@@ -26,7 +26,7 @@ import enum
 import functools
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import CodeType
@@ -182,8 +182,29 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+MOST_BLOCKS = 1 << 22  # an observation's `ids` beyond this is no pool a campaign can walk
+
+
+class MalformedObservation(TypeError):
+    """An adapter's observation that no property can be judged on (a one-shot iterator
+    for a list, a pool of 10**30 ids): said as the adapter's, not blamed on the engine."""
+
+
+def _shaped(name: str, o: Observation) -> None:
+    """MalformedObservation where a field of `o` is not what Observation says it is."""
+    if not isinstance(o.ids, range) or o.ids.stop - o.ids.start > MOST_BLOCKS * abs(o.ids.step):
+        raise MalformedObservation(f"the {name} observation's ids must be a range of at most {MOST_BLOCKS:,} "
+                                   f"block ids, not {o.ids!r}")
+    for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable"):
+        value = getattr(o, field_name)
+        if value is not None and not isinstance(value, Collection):
+            raise MalformedObservation(f"the {name} observation's {field_name} is a {type(value).__name__}, "
+                                       "not a collection (read more than once)")
+
+
 def tier_view(name: str, o: Observation) -> TierView:
     """One tier of an observation as a spec view: what the engine reports, nothing more."""
+    _shaped(name, o)
     return TierView(
         name, o.ids, free=o.free,
         cached=None if o.cached is None else {b: (CACHE,) for b in o.cached},

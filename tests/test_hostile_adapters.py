@@ -19,7 +19,7 @@ from kvoracle.kvcache.errors import UnknownRequest
 from kvoracle.kvcache.faults import Fault
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.cli import main, run_target
-from kvoracle.oracle.engine import NOBODY, BadInput, Observation, view_of
+from kvoracle.oracle.engine import NOBODY, BadInput, MalformedObservation, Observation, view_of
 from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.preflight import preflight, preflight_alone
@@ -182,3 +182,14 @@ def test_a_reference_count_that_is_no_whole_number_is_no_count() -> None:
     for bad in (math.nan, 1.5):
         odd = replace(seen, refcounts={b: bad for b in seen.refcounts})  # type: ignore[misc]  # the lie told
         assert [v.id for v in check(view_of(odd, live={"r0": 4}))].count("INV-REFCOUNT") == 1
+
+
+def test_an_observation_no_property_can_be_judged_on_is_said_to_be_the_adapters() -> None:
+    """A one-shot iterator for the free list read as empty on its second reading (a false
+    INV-CONSERVE against the engine); a pool of 10**30 ids kept kvoracle's own walk busy
+    until the step timeout blamed the engine."""
+    seen = ReferenceAdapter().observe()
+    assert seen.free is not None
+    for odd in (replace(seen, free=iter(seen.free)), replace(seen, ids=range(10**30))):  # type: ignore[arg-type]
+        with pytest.raises(MalformedObservation):
+            view_of(odd)
