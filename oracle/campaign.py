@@ -21,7 +21,7 @@ from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
 from kvoracle.oracle.step_deletion import delete_runs
-from kvoracle.oracle.violations import Baseline, PropertyViolated, described
+from kvoracle.oracle.violations import Baseline, PropertyViolated, described, raised_in
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.types import Error, Ok, Partial, Timeout
 
@@ -248,7 +248,7 @@ def run_seeds(
 def unexpected(e: BaseException) -> PropertyViolated:
     """An exception no check turned into a verdict (from the engine, its adapter, or a
     teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to."""
-    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {described(e)}")])
+    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {described(e)}{raised_in(e)}")])
     found.__notes__ = list(getattr(e, "__notes__", []))
     return found
 

@@ -35,7 +35,6 @@ from kvoracle.oracle.journal import Journal, journaled, read
 from kvoracle.oracle.survival import ended_result, quiet
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
-from kvoracle.oracle.unchecked import unchecked
 from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
 
 if TYPE_CHECKING:  # the engine campaign's modules load when an engine is checked

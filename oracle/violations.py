@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import sysconfig
+import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 from hypothesis import currently_in_test_context, reject
@@ -77,6 +80,28 @@ def _rebuilt(step: str, violations: list[Violation], notes: list[str]) -> Proper
 
 
 SHOWN = 1000  # characters of a raised exception a finding quotes
+
+
+def raised_in(e: BaseException) -> str:
+    """Where `e` came from, as " in NAME() (FILE:LINE)": the call into the adapter (the
+    first frame of its traceback outside kvoracle's checkers, Hypothesis and the standard
+    library; an adapter of oracle/engines/ counts as the adapter), then, where it differs,
+    the last such frame, where it was raised; '' where there is none."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not _checker_code(Path(f.filename))]
+    if not frames:
+        return ""
+    entry, last = (f" {f.name}() ({Path(f.filename).name}:{f.lineno})" for f in (frames[0], frames[-1]))
+    return f" in{entry}" + ("" if last == entry else f", from{last}")
+
+
+def _checker_code(path: Path) -> bool:
+    if path.is_relative_to(_PACKAGE):
+        return not path.is_relative_to(_PACKAGE / "oracle" / "engines")
+    return "hypothesis" in path.parts or any(path.is_relative_to(p) for p in _STANDARD)
+
+
+_PACKAGE = Path(__file__).parents[1]  # kvoracle/, as it was imported (links unresolved, as frames name files)
+_STANDARD = [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")]
 
 
 def described(e: BaseException) -> str:

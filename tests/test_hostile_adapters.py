@@ -26,7 +26,7 @@ from kvoracle.oracle.preflight import preflight, preflight_alone
 from kvoracle.oracle.targets import Target
 from kvoracle.oracle.violations import PropertyViolated, refused
 from kvoracle.spec.invariants import check
-from kvoracle.spec.state import System
+from kvoracle.spec.state import Status, System
 from kvoracle.spec.types import RequestId
 
 # --- the build ---------------------------------------------------------------------------------
@@ -193,3 +193,23 @@ def test_an_observation_no_property_can_be_judged_on_is_said_to_be_the_adapters(
     for odd in (replace(seen, free=iter(seen.free)), replace(seen, ids=range(10**30))):  # type: ignore[arg-type]
         with pytest.raises(MalformedObservation):
             view_of(odd)
+
+
+class StatusesBreak(ReferenceScheduler):
+    """Its statuses() raises once the engine has taken a few calls (an adapter's own bug)."""
+    name = "statuses-break"
+
+    def statuses(self) -> dict[RequestId, Status]:
+        self.asked = getattr(self, "asked", 0) + 1
+        if self.asked > 6:
+            raise KeyError("r3")
+        return super().statuses()
+
+
+def test_what_an_adapter_raises_where_no_check_expected_it_names_the_method() -> None:
+    row = run_target(Target(StatusesBreak.name, "scheduler", None, StatusesBreak), [0], 20, 30)
+    assert row.result is not None and row.result.violation is not None
+    message = row.result.violation.violations[0].message
+    entry, _, raised = message.partition(", from ")  # the adapter's method kvoracle called, and where it raised
+    assert entry.startswith("the run raised KeyError('r3') in ") and entry.endswith(")"), message
+    assert raised.startswith("statuses() (test_hostile_adapters.py:"), message
