@@ -65,11 +65,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"--kvoracle-adapter {spec}: {e}") from None
         level = protocol_of(adapter)
         if config.getoption("kvoracle_isolated"):  # built in a child: the session's process stays as it was (CUDA)
-            answer = in_child(partial(preflight, adapter))
+            answer = in_child(partial(preflight, adapter, watched=False))  # pytest watches nothing
             # an engine that ends the process as it is built: its test says so, with the program
             built = Built("", bool(getattr(adapter, "bad_inputs", None))) if isinstance(answer, Ended) else answer
         else:
-            built = preflight(adapter)
+            built = preflight(adapter, watched=False)
         if built.problem:
             raise pytest.UsageError(f"--kvoracle-adapter {spec}: the {getattr(adapter, 'name', adapter.__name__)} "
                                     f"adapter {built.problem}")

@@ -143,7 +143,8 @@ class CacheMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, [after])
         self.model = after
         got = self.engine.abstract() if got is None else got
-        found = [] if got is None else refines(self.model, got)
+        found = refines(self.model, got) if got is not None else [Violation(  # it gave one when built
+            "REFINEMENT", f"after {name} the engine's abstract() gave None, though it gave one when it was built")]
         if found:
             raise PropertyViolated(name, found)
 

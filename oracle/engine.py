@@ -182,7 +182,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-MOST_BLOCKS = 1 << 22  # an observation's `ids` beyond this is no pool a campaign can walk
+MOST_BLOCKS = 1 << 22  # a campaign's pool: more ids than this is no pool its machines can walk
 
 
 class MalformedObservation(TypeError):
@@ -190,11 +190,13 @@ class MalformedObservation(TypeError):
     for a list, a pool of 10**30 ids): said as the adapter's, not blamed on the engine."""
 
 
-def _shaped(name: str, o: Observation) -> None:
-    """MalformedObservation where a field of `o` is not what Observation says it is."""
-    if not isinstance(o.ids, range) or o.ids.stop - o.ids.start > MOST_BLOCKS * abs(o.ids.step):
-        raise MalformedObservation(f"the {name} observation's ids must be a range of at most {MOST_BLOCKS:,} "
-                                   f"block ids, not {o.ids!r}")
+def shaped(name: str, o: Observation, most: int | None = None) -> None:
+    """MalformedObservation where a field of `o` is not what Observation says it is (and,
+    given `most`, where `ids` holds more ids than that)."""
+    if not isinstance(o.ids, range):
+        raise MalformedObservation(f"the {name} observation's ids must be a range, not {o.ids!r}")
+    if most is not None and o.ids.stop - o.ids.start > most * abs(o.ids.step):  # len() overflows past 2**63
+        raise MalformedObservation(f"the {name} observation's ids must be at most {most:,} block ids, not {o.ids!r}")
     for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable"):
         value = getattr(o, field_name)
         if value is not None and not isinstance(value, Collection):
@@ -204,7 +206,7 @@ def _shaped(name: str, o: Observation) -> None:
 
 def tier_view(name: str, o: Observation) -> TierView:
     """One tier of an observation as a spec view: what the engine reports, nothing more."""
-    _shaped(name, o)
+    shaped(name, o)
     return TierView(
         name, o.ids, free=o.free,
         cached=None if o.cached is None else {b: (CACHE,) for b in o.cached},

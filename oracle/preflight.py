@@ -12,13 +12,15 @@ reaches the caller, whose process stays as it was.
 
 from __future__ import annotations
 
+import numbers
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from kvoracle.oracle import interrupts, watchdog
-from kvoracle.oracle.engine import Observation
+from kvoracle.oracle.engine import MOST_BLOCKS, MalformedObservation, Observation, shaped
 from kvoracle.oracle.isolation import Ended, in_child
 from kvoracle.oracle.unchecked import unchecked
 
@@ -35,30 +37,39 @@ class Built:
     gaps: tuple[str, ...] = ()  # what its campaign cannot check (oracle.unchecked), a line each
 
 
-def preflight(adapter: type) -> Built:
-    """Build `adapter` and look at it, in this process."""
-    with watchdog.watching(), interrupts.listening():
+def preflight(adapter: type, watched: bool = True) -> Built:
+    """Build `adapter` and look at it, in this process; `watched`: each call within the
+    step timeout (`kvoracle check`; under pytest nothing is watched)."""
+    with watchdog.watching() if watched else nullcontext(), interrupts.listening():
         try:
             watchdog.kick()
             made = adapter()
         except BaseException as e:
             return Built(_problem("could not build its engine:", "did not build its engine", e))
-        problem = declared_problem(made) or built_problem(made)
+        try:
+            problem = declared_problem(made) or built_problem(made)
+        except BaseException as e:  # a size the adapter computes, raising
+            return Built(_problem("raised", "did not return", e))
         return Built(problem, bool(getattr(made, "bad_inputs", None)), () if problem else _gaps(adapter, made))
 
 
 def preflight_alone(adapter: type) -> Built:
-    """`preflight` in a child process: an adapter that ends it, or goes silent past the
-    step timeout and its grace, is said to have done so."""
+    """`preflight` in a child process: an adapter that ends it, or gives no sign of life
+    (each call it starts is one) past the step timeout and its grace, is said to have."""
     from kvoracle.oracle.survival import quiet
 
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         beat = Path(where) / "beat"
         beat.touch()  # the child is alive from its start: its silence counts from there
-        answer = in_child(partial(preflight, adapter), beat, quiet())
+        answer = in_child(partial(_beating, adapter, beat), beat, quiet())
     if isinstance(answer, Ended):
         return Built(f"ended its process while it was built and first observed: {answer}")
     return answer
+
+
+def _beating(adapter: type, beat: Path) -> Built:
+    watchdog.beat_with(beat.touch)
+    return preflight(adapter)
 
 
 def _gaps(adapter: type, made: object) -> tuple[str, ...]:
@@ -78,8 +89,9 @@ def declared_problem(adapter: object) -> str:
     a negative pool, a string): a campaign would otherwise blame the engine for them."""
     wrong = []
     for name, least in LEAST_SIZE.items():
+        watchdog.kick()
         size = getattr(adapter, name, least)
-        if not isinstance(size, int) or isinstance(size, bool) or size < least:
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < least:
             wrong.append(f"{name} = {size!r} (an int of at least {least} is needed)")
     reserve, gpu = getattr(adapter, "reserve", 0), getattr(adapter, "gpu_blocks", None)
     if not wrong and gpu is not None and reserve >= gpu:
@@ -97,6 +109,10 @@ def built_problem(adapter: object) -> str:
         return _problem("its observe() raised", "its observe() did not return", e)
     if not isinstance(seen, Observation):
         return f"its observe() returned a {type(seen).__name__}, not an Observation (oracle.engine.Observation)"
+    try:
+        shaped("GPU", seen, MOST_BLOCKS)
+    except MalformedObservation as e:
+        return f"returned an observation no property can be judged on: {e}"
     return ""
 
 

@@ -95,13 +95,20 @@ def raised_in(e: BaseException) -> str:
 
 
 def _checker_code(path: Path) -> bool:
+    """Whether a frame of this file is kvoracle's checking, Hypothesis, the standard
+    library, or a replay's evaluation of a printed step: not the adapter's or the engine's."""
     if path.is_relative_to(_PACKAGE):
         return not path.is_relative_to(_PACKAGE / "oracle" / "engines")
-    return "hypothesis" in path.parts or any(path.is_relative_to(p) for p in _STANDARD)
+    if str(path) == "<string>" or "hypothesis" in path.parts:
+        return True
+    installed = any(path.is_relative_to(p) for p in _INSTALLED)  # site-packages may lie inside the stdlib's folder
+    return not installed and any(path.is_relative_to(p) for p in _STANDARD)
 
 
 _PACKAGE = Path(__file__).parents[1]  # kvoracle/, as it was imported (links unresolved, as frames name files)
-_STANDARD = [Path(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")]
+_PATHS = sysconfig.get_paths()
+_STANDARD = [Path(_PATHS[k]) for k in ("stdlib", "platstdlib")]
+_INSTALLED = [Path(_PATHS[k]) for k in ("purelib", "platlib")]
 
 
 def described(e: BaseException) -> str:
@@ -140,9 +147,10 @@ def kept(seen: T) -> T:
     out its live state and change it in place (the two would then always be equal); the
     object itself where it cannot be copied."""
     try:
-        return copy.deepcopy(seen)
+        copied = copy.deepcopy(seen)
     except Exception:  # noqa: BLE001 - the adapter's object refuses copying: compared as it is
         return seen
+    return copied if copied == seen else seen  # what compares by identity cannot be kept by copying
 
 
 def refusal(error: type[Exception], raised: BaseException | None, changed: bool) -> list[Violation]:

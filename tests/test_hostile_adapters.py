@@ -18,8 +18,9 @@ import pytest
 from kvoracle.kvcache.errors import UnknownRequest
 from kvoracle.kvcache.faults import Fault
 from kvoracle.oracle import watchdog
+from kvoracle.oracle.campaign import replay
 from kvoracle.oracle.cli import main, run_target
-from kvoracle.oracle.engine import NOBODY, BadInput, MalformedObservation, Observation, view_of
+from kvoracle.oracle.engine import MOST_BLOCKS, NOBODY, BadInput, MalformedObservation, Observation, view_of
 from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.preflight import preflight, preflight_alone
@@ -187,12 +188,21 @@ def test_a_reference_count_that_is_no_whole_number_is_no_count() -> None:
 def test_an_observation_no_property_can_be_judged_on_is_said_to_be_the_adapters() -> None:
     """A one-shot iterator for the free list read as empty on its second reading (a false
     INV-CONSERVE against the engine); a pool of 10**30 ids kept kvoracle's own walk busy
-    until the step timeout blamed the engine."""
+    until the step timeout blamed the engine. The first look refuses both; a later
+    iterator stops the campaign naming the field (a large pool stays judged where it is
+    observed outside campaigns: shadow mode's full checks)."""
     seen = ReferenceAdapter().observe()
     assert seen.free is not None
-    for odd in (replace(seen, free=iter(seen.free)), replace(seen, ids=range(10**30))):  # type: ignore[arg-type]
-        with pytest.raises(MalformedObservation):
-            view_of(odd)
+    one_shot = replace(seen, free=iter(seen.free))  # type: ignore[arg-type]
+    with pytest.raises(MalformedObservation):
+        view_of(one_shot)
+    for odd in (one_shot, replace(seen, ids=range(10**30))):
+        class Odd(ReferenceAdapter):
+            def observe(self) -> Observation:
+                return odd
+
+        assert preflight(Odd).problem.startswith("returned an observation no property can be judged on: the GPU")
+    assert view_of(replace(seen, ids=range(MOST_BLOCKS + 1))).gpu.ids == range(MOST_BLOCKS + 1)
 
 
 class StatusesBreak(ReferenceScheduler):
@@ -212,4 +222,7 @@ def test_what_an_adapter_raises_where_no_check_expected_it_names_the_method() ->
     message = row.result.violation.violations[0].message
     entry, _, raised = message.partition(", from ")  # the adapter's method kvoracle called, and where it raised
     assert entry.startswith("the run raised KeyError('r3') in ") and entry.endswith(")"), message
+    assert entry.split(" in ")[1].split("(")[0] in ("snapshot", "statuses", "state", "observe"), message
     assert raised.startswith("statuses() (test_hostile_adapters.py:"), message
+    again = replay(Target(StatusesBreak.name, "scheduler", None, StatusesBreak).machine(), row.result.counterexample)
+    assert again is not None and again.violations[0].message == message  # a replay's eval is not the adapter
