@@ -79,7 +79,7 @@ def _gaps(adapter: type, made: object) -> tuple[str, ...]:
         watchdog.kick()
         return tuple(unchecked(made))
     except BaseException as e:
-        _problem("", "", e)  # a Ctrl-C stops here
+        _stop_on_ctrl_c(e)
         return (f"unknown: {adapter.__name__} could not be built and observed alone ({type(e).__name__}: {e}); "
                 "the campaign's finding above says where",)
 
@@ -119,8 +119,12 @@ def built_problem(adapter: object) -> str:
 def _problem(raised: str, hung: str, e: BaseException) -> str:
     """The problem `e` is: `raised` and e, or, where it hung, `hung` (a Ctrl-C is raised
     again: it stops kvoracle)."""
-    if isinstance(e, KeyboardInterrupt) and interrupts.stops(e):
-        raise e
+    _stop_on_ctrl_c(e)
     if isinstance(e, watchdog.EngineHung):
         return f"{hung} within the step timeout ({e.seconds:g} s; --step-timeout)"
     return f"{raised} {e!r}"
+
+
+def _stop_on_ctrl_c(e: BaseException) -> None:
+    if isinstance(e, KeyboardInterrupt) and interrupts.stops(e):
+        raise e

@@ -14,6 +14,7 @@ call is a finding (LIVE-EXIT on exit paths, VALID-INPUT elsewhere), never a cras
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -86,7 +87,6 @@ def _faults(u: int) -> tuple[Fault, ...]:
 
 
 SEARCHED = 1 << 17  # the integers `fewer_faults` searches for a draw of a given list of faults
-_FIRST_DRAWS: dict[tuple[float, tuple[Fault, ...]], dict[tuple[Fault, ...], int]] = {}  # the latest rate and pool's
 
 
 def fewer_faults(u: int) -> list[int]:
@@ -110,16 +110,18 @@ def fewer_faults(u: int) -> list[int]:
 def _first_draws() -> dict[tuple[Fault, ...], int]:
     """The least integer in 1..SEARCHED that draws each list of up to 3 faults, under the
     campaign's rate and fault pool (built once for each, when a shrink first asks)."""
-    key = (FAULT_RATE[0], FAULT_POOL[0])
-    if key not in _FIRST_DRAWS:
-        _FIRST_DRAWS.clear()
-        table: dict[tuple[Fault, ...], int] = {}
-        for n in range(SEARCHED, 0, -1):  # the least integer written last
-            drawn = _faults(n)
-            if sum(f.kind is not FaultKind.OK for f in drawn) <= 3:
-                table[drawn] = n
-        _FIRST_DRAWS[key] = table
-    return _FIRST_DRAWS[key]
+    return _first_draws_under(FAULT_RATE[0], FAULT_POOL[0])
+
+
+@functools.lru_cache(maxsize=1)
+def _first_draws_under(rate: float, pool: tuple[Fault, ...]) -> dict[tuple[Fault, ...], int]:
+    """_first_draws for this rate and pool, which `_faults` reads as it draws."""
+    table: dict[tuple[Fault, ...], int] = {}
+    for n in range(SEARCHED, 0, -1):  # the least integer written last
+        drawn = _faults(n)
+        if sum(f.kind is not FaultKind.OK for f in drawn) <= 3:
+            table[drawn] = n
+    return table
 
 
 faults = st.integers(0, 2**32 - 1).map(_faults)
