@@ -774,8 +774,9 @@ def parser() -> argparse.ArgumentParser:
                         "that heals before the next audit")
     c.add_argument("--step-timeout", type=float, default=watchdog.LIMIT[0], metavar="SECONDS",
                    help=f"a call into the engine still running after SECONDS is a finding (VALID-INPUT, the engine "
-                        f"hung), and the campaign goes on; after one hang, later calls of that run get "
-                        f"{watchdog.AFTER_HANG:g} s (default {watchdog.LIMIT[0]:g}; 0: no limit)")
+                        f"hung), and the campaign goes on; after one hang, later calls of that run get ten times "
+                        f"the longest call that returned, from {watchdog.AFTER_HANG_LEAST:g} to {watchdog.AFTER_HANG:g} s "
+                        f"(default {watchdog.LIMIT[0]:g}; 0: no limit)")
     c.add_argument("--generator", choices=campaign.GENERATORS, default=campaign.DEFAULT_GENERATOR,
                    help="who draws the programs: 'hypothesis', 'random' (Python's random over the machines' own "
                         "rules, preconditions and argument strategies, without Hypothesis's engine: more steps per "

@@ -24,6 +24,8 @@ from __future__ import annotations
 import ast
 import enum
 import functools
+import keyword
+import re
 import sys
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
@@ -190,6 +192,9 @@ class MalformedObservation(TypeError):
     for a list, a pool of 10**30 ids): said as the adapter's, not blamed on the engine."""
 
 
+_COLLECTIONS = frozenset({tuple, list, set, frozenset, dict})  # the usual ones, known without an ABC check
+
+
 def shaped(name: str, o: Observation, most: int | None = None) -> None:
     """MalformedObservation where a field of `o` is not what Observation says it is (and,
     given `most`, where `ids` holds more ids than that)."""
@@ -199,7 +204,7 @@ def shaped(name: str, o: Observation, most: int | None = None) -> None:
         raise MalformedObservation(f"the {name} observation's ids must be at most {most:,} block ids, not {o.ids!r}")
     for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable"):
         value = getattr(o, field_name)
-        if value is not None and not isinstance(value, Collection):
+        if value is not None and type(value) not in _COLLECTIONS and not isinstance(value, Collection):
             raise MalformedObservation(f"the {name} observation's {field_name} is a {type(value).__name__}, "
                                        "not a collection (read more than once)")
 
@@ -258,15 +263,22 @@ def not_free(o: Observation) -> int:
     return len(o.ids) - len(set(o.free or ()))
 
 
+# a text led by one of these words is a statement (no expression starts with them)
+_FIRST_WORD = re.compile(r"\s*(?:%s)\b" % "|".join(sorted(
+    set(keyword.kwlist) - {"False", "None", "True", "await", "lambda", "not"})))
+
+
 @functools.lru_cache(maxsize=8192)
 def _compiled(source: str, where: str) -> tuple[CodeType, str]:
     """Engine calls repeat across a campaign's programs: compile each text once. With it,
     what the text gives back (Scripted.run): "value" for an expression, "_" for a
     statement that binds `_`, "" for any other."""
     try:  # compiled from the text: building Python's AST objects first would cost twice as much
-        return compile(source, where, "eval"), "value"
+        if _FIRST_WORD.match(source) is None:  # (a `with` block, an import: no expression, skip the try)
+            return compile(source, where, "eval"), "value"
     except SyntaxError:
-        code = compile(source, where, "exec")
+        pass
+    code = compile(source, where, "exec")
     if "_" not in code.co_names:  # the name is neither read nor bound
         return code, ""
     tree = ast.parse(source, where, "exec")

@@ -96,7 +96,8 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
     if made is not None:  # made through the adapter: its result names the step
         last = [f"_last.result = {made.source(f'attached({source!r}, globals())')}",
                 *(f"# which runs: {line}" for line in "\n".join(last).splitlines())]
-    body += [textwrap.indent(line, "    ") for line in last] or ["    pass"]
+    body += [textwrap.indent(line, "    ") for line in last] or [
+        "    pass  # the step ran no engine call: where this file passes, what failed ran in the adapter's own code"]
     if hung:
         body.append("watch(0)  # the calls are over")
     # what a bad call raises is its refusal, judged by BAD-INPUT alone; what a valid call raises is a finding

@@ -181,6 +181,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.furthest: dict[str, int] = {}  # request -> the most tokens it was seen computed (LIVE-PROGRESS)
         self.audit = Audit()
         self.refining: tuple[System, int] | None = None  # the record before the latest call, and its ticks
+        # The look after the latest call, which is the look before the next where nothing can
+        # change in between (no other thread alive: threads.quiet); None: look again
+        self.settled: tuple[View, Mapping[RequestId, Status]] | None = None
 
     # --- checking -----------------------------------------------------------------------
 
@@ -194,7 +197,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         requests it was to end (`exiting`) and on those it ended or preempted itself;
         `ticks`: the time the call lets pass; `admitting`: a scheduling step (LIVE-ADMIT)."""
         self.mark = call_starts(self.engine)
-        before, statuses = self.view(), self.engine.statuses()
+        before, statuses = self.settled or (self.view(), self.engine.statuses())
+        self.settled = None
         self.furthest = liveness.most_computed(self.furthest, before)
         admission = self._admission_before(before) if admitting else None
         escaped: BaseException | None = None
@@ -211,8 +215,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.fresh &= waiting
         found = self.engine.content()
         if self.bookkeeping:
-            after = self.view()
-            found = self._bookkeeping(name, before, after, statuses, exiting, escaped, ticks) + found
+            calm = threads.quiet()  # before the look and after it: no thread changed the engine meanwhile
+            after, now = self.view(), self.engine.statuses()
+            self.settled = (after, now) if calm and threads.quiet() else None
+            found = self._bookkeeping(name, before, after, statuses, now, exiting, escaped, ticks) + found
             if admission is not None:
                 found += self._scheduled(before, after, *admission)
             else:
@@ -223,10 +229,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, found)
 
     def _bookkeeping(self, name: str, before: View, after: View, statuses: Mapping[RequestId, Status],
-                     exiting: Sequence[RequestId], escaped: BaseException | None,
+                     now: Mapping[RequestId, Status], exiting: Sequence[RequestId], escaped: BaseException | None,
                      ticks: int) -> list[Violation]:
         e = self.engine
-        now = e.statuses()
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
         found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
@@ -365,6 +370,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A bad call must raise the adapter's declared exception and change nothing."""
         error = self.engine.refusals.get(kind)
         if error is not None:
+            self.settled = None  # a call outside _call: what it changed, the next call's look must see
             self.mark = call_starts(self.engine)
             refused(kind.value, error, lambda: self.engine.bad_call(kind), self.engine.snapshot,
                     lambda: self._made_bad_call(kind.value))

@@ -117,6 +117,14 @@ def _taken() -> list[tuple[str, threading.ExceptHookArgs]]:
     return taken
 
 
+def quiet() -> bool:
+    """Whether no thread but the one running the machine is alive: then nothing but the
+    machine's own calls runs code that changes the engine between two of them. Any other
+    thread counts, the harness's or one an earlier program's engine left running, since it
+    may be the engine's; native threads the engine starts outside Python are not seen."""
+    return threading.active_count() == 1
+
+
 def died(call: str) -> list[Violation]:
     """VALID-INPUT for each thread that died since the latest report (during `call`, or
     after the call before it returned)."""

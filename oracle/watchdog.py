@@ -6,9 +6,10 @@ While a campaign runs (`watching`), every engine call the machines make starts a
 default 60 s) gets `EngineHung` raised inside it, which the machine reports as it
 reports any exception escaping a valid call (VALID-INPUT, with the call's name), and
 Hypothesis shrinks the program as usual. Once one call has hung, the limit drops to
-AFTER_HANG for the rest of the run: the calls that follow (the machine's look at the
-state, the final drain, the shrinker's replays) may hang on the same lock, and each
-costs that much instead of the full limit.
+AFTER_HANG for the rest of the run, or to ten times the longest call seen to return
+where that is less (but not below AFTER_HANG_LEAST): the calls that follow (the machine's
+look at the state, the final drain, the shrinker's hundred replays) may hang on the same
+lock, and each costs that much instead of the full limit.
 
 The timer is SIGALRM, so it works in the main thread of a POSIX process (a campaign's
 own, or a worker's: processes run their jobs there); elsewhere nothing is watched. It
@@ -27,7 +28,9 @@ from contextlib import contextmanager
 from types import FrameType
 
 LIMIT = [60.0]  # seconds a call may run (kvoracle check --step-timeout; 0: unwatched)
-AFTER_HANG = 2.0  # seconds a call may run once one has hung in this run
+AFTER_HANG = 2.0  # seconds a call may run once one has hung in this run, at most
+AFTER_HANG_LEAST = 0.5  # ... and at least, however quick the calls before were
+AFTER_HANG_TIMES = 10  # ... ten times the longest call seen to return, between the two
 SLACK = 0.01  # a call may run this fraction beyond the limit, at most a second (_Timer)
 
 
@@ -57,9 +60,14 @@ class _Timer:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.due = 0.0  # when the armed timer fires (time.monotonic); 0: disarmed
+        self.started = 0.0  # when the latest call started; 0: none since a program's end or a hang
+        self.longest = 0.0  # the longest time from a call's start to the next's: no call that returned took longer
 
     def kick(self) -> None:
         now = time.monotonic()
+        if self.started:
+            self.longest = max(self.longest, now - self.started)
+        self.started = now
         if now + self.seconds > self.due:
             armed = self.seconds + min(self.seconds * SLACK, 1.0)
             signal.setitimer(signal.ITIMER_REAL, armed)
@@ -68,13 +76,23 @@ class _Timer:
     def disarm(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         self.due = 0.0
+        self.started = 0.0  # what runs until the next call (Hypothesis's work) is no call
 
     def fire(self, signum: int, frame: FrameType | None) -> None:
         hung = self.seconds
-        self.seconds = min(self.seconds, AFTER_HANG)
+        self.seconds = min(self.seconds, after_hang(self.longest))
         self.due = 0.0
+        self.started = 0.0  # the hung call is not one that returned
         self.kick()  # what runs next (the machine's look, the drain) is watched too
         raise EngineHung(hung)
+
+
+def after_hang(longest: float) -> float:
+    """The limit once a call has hung, given the longest call seen to return (0: none seen,
+    the engine's build, perhaps slow, may be next)."""
+    if not longest:
+        return AFTER_HANG
+    return min(AFTER_HANG, max(AFTER_HANG_LEAST, AFTER_HANG_TIMES * longest))
 
 
 _active: list[_Timer] = []  # the running campaign's timer, if any

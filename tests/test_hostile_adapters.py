@@ -25,7 +25,7 @@ from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.preflight import preflight, preflight_alone
 from kvoracle.oracle.targets import Target
-from kvoracle.oracle.violations import PropertyViolated, refused
+from kvoracle.oracle.violations import PropertyViolated, kept, refused
 from kvoracle.spec.invariants import check
 from kvoracle.spec.state import Status, System
 from kvoracle.spec.types import RequestId
@@ -172,6 +172,21 @@ def test_a_refusal_is_judged_on_a_copy_of_what_the_adapter_showed_before() -> No
     with pytest.raises(PropertyViolated) as caught:
         refused(BadInput.UNKNOWN_REQUEST.value, UnknownRequest, finish_the_good_ones_then_refuse, snapshot, lambda: None)
     assert caught.value.first_id == "BAD-INPUT"
+
+
+def test_a_snapshot_is_kept_as_a_copy_whichever_way_it_copies() -> None:
+    """Pickling copies a NaN into a new float, unequal to the old: copy.deepcopy keeps it
+    shared, so the copy still compares equal and is kept."""
+    class Local:  # pickle cannot find a local class: deepcopy copies it
+        def __init__(self) -> None:
+            self.finished = [0]
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Local) and other.finished == self.finished
+
+    for live in ({"share": math.nan, "finished": [0]}, [Local()], {"finished": [0]}):
+        copied = kept(live)
+        assert copied == live and copied is not live
 
 
 def test_a_reference_count_that_is_no_whole_number_is_no_count() -> None:

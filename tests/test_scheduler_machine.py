@@ -1,11 +1,14 @@
 """The reference scheduler survives the scheduler-level stateful machine (30% fault
 rate), with its KV data in numpy pools and in paddle (CPU) pools."""
 
+import threading
+
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
+from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.campaign import run_machine
 from kvoracle.oracle.mutants import Mutant
@@ -60,3 +63,51 @@ def test_an_abort_that_refuses_only_aborted_requests_is_caught() -> None:
     assert result.first_id == "BAD-INPUT", result.violation
     assert "expected RequestGone, raised ValueError" in str(result.violation)
     assert run_machine(Target("reference", "scheduler", None).machine(), seed_value=0, examples=75, steps=100).passed
+
+
+def test_the_look_after_a_call_is_the_look_before_the_next_where_no_engine_thread_runs() -> None:
+    """The machine judges the next call against the view it took after the last one
+    (SchedulerMachine.settled): sound only where nothing changes the engine in between,
+    so not across a bad call, made outside `_call`."""
+    m = SchedulerMachine()
+
+    def settled_is_now() -> bool:
+        return m.settled == (m.view(), m.engine.statuses())
+
+    try:
+        m.submit(p=0, tail=1)
+        assert settled_is_now()
+        m.submit(p=1, tail=0)
+        assert settled_is_now()
+        m.schedule(())
+        assert settled_is_now()
+        m.tick(n=2, pressure=1)
+        assert settled_is_now()
+        m.abort(i=0, f=())
+        assert settled_is_now()
+        m.bad_input(kind=BadInput.UNKNOWN_REQUEST)  # made outside the path that keeps the look: looked at afresh
+        assert m.settled is None
+        m.tick(n=1, pressure=1)
+        assert settled_is_now()
+    finally:
+        m.teardown()
+
+
+class KeepsAWorker(ReferenceScheduler):
+    """An engine with a thread of its own, which may change its state between two calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop = threading.Event()
+        threading.Thread(target=self.stop.wait, name="poller", daemon=True).start()
+
+
+def test_where_a_thread_of_the_engine_runs_each_call_is_looked_at_afresh() -> None:
+    m = type("WithWorker", (SchedulerMachine,), {"make_adapter": KeepsAWorker})()
+    try:
+        m.submit(p=0, tail=1)
+        m.schedule(())
+        assert m.settled is None
+    finally:
+        m.engine.stop.set()
+        m.teardown()

@@ -82,6 +82,31 @@ def test_every_call_gets_the_whole_limit_and_at_most_its_slack_more(monkeypatch:
     assert armed[-1] == 1001.0  # the slack is a second at most
 
 
+def test_after_a_hang_calls_get_ten_times_the_longest_that_returned_within_the_bounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the calls before the hang took, from one start to the next (a program's end and
+    the hung call itself not counted), sets the limit of the shrinker's replays."""
+    clock = [100.0]
+    monkeypatch.setattr(signal, "setitimer", lambda which, seconds: None)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    timer = watchdog._Timer(60.0)
+    for now in (100.0, 100.02, 100.05):  # calls of 20 and 30 ms
+        clock[0] = now
+        timer.kick()
+    timer.disarm()
+    clock[0] = 130.0  # Hypothesis's work between programs
+    timer.kick()
+    clock[0] = 130.07  # a call of 70 ms, then one that hangs
+    timer.kick()
+    clock[0] = 190.0
+    with pytest.raises(watchdog.EngineHung):
+        timer.fire(signal.SIGALRM, None)
+    assert timer.seconds == pytest.approx(0.7)
+    assert watchdog.after_hang(0.0) == watchdog.AFTER_HANG  # no call returned: the build may be next
+    assert watchdog.after_hang(0.001) == watchdog.AFTER_HANG_LEAST
+    assert watchdog.after_hang(30.0) == watchdog.AFTER_HANG
+
+
 def test_nothing_is_watched_outside_a_campaign_without_a_limit_or_off_the_main_thread(
         short_limits: None, monkeypatch: pytest.MonkeyPatch) -> None:
     handler = signal.getsignal(signal.SIGALRM)
