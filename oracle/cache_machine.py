@@ -27,7 +27,7 @@ from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.tiered import Blocks, Call, TieredAdapter, action_of
-from kvoracle.oracle.violations import PropertyViolated, described, refused
+from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, described, refused
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
@@ -143,8 +143,7 @@ class CacheMachine(RuleBasedStateMachine):
             raise PropertyViolated(name, [after])
         self.model = after
         got = self.engine.abstract() if got is None else got
-        found = refines(self.model, got) if got is not None else [Violation(  # it gave one when built
-            "REFINEMENT", f"after {name} the engine's abstract() gave None, though it gave one when it was built")]
+        found = refines(self.model, got) if got is not None else [abstraction_gone(name, "abstract")]
         if found:
             raise PropertyViolated(name, found)
 

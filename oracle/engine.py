@@ -273,11 +273,11 @@ def _compiled(source: str, where: str) -> tuple[CodeType, str]:
     """Engine calls repeat across a campaign's programs: compile each text once. With it,
     what the text gives back (Scripted.run): "value" for an expression, "_" for a
     statement that binds `_`, "" for any other."""
-    try:  # compiled from the text: building Python's AST objects first would cost twice as much
-        if _FIRST_WORD.match(source) is None:  # (a `with` block, an import: no expression, skip the try)
+    if _FIRST_WORD.match(source) is None:  # (a `with` block, an import: no expression, no try)
+        try:  # compiled from the text: building Python's AST objects first would cost twice as much
             return compile(source, where, "eval"), "value"
-    except SyntaxError:
-        pass
+        except SyntaxError:
+            pass
     code = compile(source, where, "exec")
     if "_" not in code.co_names:  # the name is neither read nor bound
         return code, ""

@@ -30,7 +30,7 @@ from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, sched
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.serving import SchedulerAdapter
-from kvoracle.oracle.violations import PropertyViolated, described, refused
+from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, described, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import Event
@@ -259,9 +259,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._ended(describe(event.outcome).split("(")[0])
         self.model = model
         found = liveness.live_transfer(model.started, model.now, timeout)
-        if got is None:  # it gave one when built: a record with nothing to refine would judge nothing
-            return found + [Violation("REFINEMENT", f"after {name} the engine's state() gave None, though it gave "
-                                                    "an abstraction when it was built")]
+        if got is None:
+            return found + [abstraction_gone(name, "state")]
         return found + [Violation(v.id, f"after {name} {v.message}") for v in refines(model, got)]
 
     def _admission_before(self, before: View) -> tuple[dict[str, int], dict[str, int], int]:

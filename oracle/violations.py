@@ -112,6 +112,13 @@ _STANDARD = [Path(_PATHS[k]) for k in ("stdlib", "platstdlib")]
 _INSTALLED = [Path(_PATHS[k]) for k in ("purelib", "platlib")]
 
 
+def abstraction_gone(name: str, method: str) -> Violation:
+    """REFINEMENT where the engine's `method` gave None after call `name`, though it gave
+    an abstraction when it was built: a record with nothing to refine would judge nothing."""
+    return Violation("REFINEMENT", f"after {name} the engine's {method}() gave None, though it gave an "
+                                   "abstraction when it was built")
+
+
 def described(e: BaseException) -> str:
     """repr(e) as a finding quotes it: cut to SHOWN characters (an engine may raise a
     message of megabytes), and whatever its __repr__ does (it may raise)."""
