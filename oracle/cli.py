@@ -32,6 +32,7 @@ from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.journal import Journal, journaled, read
+from kvoracle.oracle.pulse import Pulse, pulsing
 from kvoracle.oracle.survival import ended_result, quiet
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
@@ -76,8 +77,11 @@ def campaign_of(target: Target, seeds: Sequence[int], examples: int, steps: int,
     machine = target.machine()
     use_target_faults(target)
     start = time.perf_counter()
-    result = run_seeds(machine if journal is None else journaled(machine, Journal(journal)), seeds,
-                       examples=programs_per_seed(target.level, examples), steps=steps, baseline=baseline)
+    run = machine
+    if journal is not None:  # a campaign in a process of its own: the journal, and a sign of progress
+        run = pulsing(journaled(machine, Journal(journal)), Pulse(f"{target.name} ({target.level})"))
+    result = run_seeds(run, seeds, examples=programs_per_seed(target.level, examples), steps=steps,
+                       baseline=baseline)
     return result, tally_of(machine), time.perf_counter() - start
 
 

@@ -56,8 +56,8 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     """The campaign in a process of its own: an engine that ends it is a finding too."""
     machine = engine_machine(adapter, bad_input)
     start = time.perf_counter()
-    result, tally = run_seeds_alone(machine, seeds, examples=examples, steps=steps, baseline=baseline)
     name = adapter.name + (" +bad input" if bad_input else "")
+    result, tally = run_seeds_alone(machine, seeds, examples=examples, steps=steps, baseline=baseline, label=name)
     row = EngineRow(name, tally, result, time.perf_counter() - start)
     if result.violation is None:
         return row

@@ -17,7 +17,10 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
@@ -66,6 +69,7 @@ def use_faults(kinds: frozenset[FaultKind] | None) -> None:
 
 
 IO_CALLS = 8  # faults one step can inject: more I/O calls than any step makes
+_MIX = (0x9E3779B97F4A7C15, 0x632BE59BD9B4E019, 0xBF58476D1CE4E5B9)  # how _faults mixes its integer
 
 
 def _faults(u: int) -> tuple[Fault, ...]:
@@ -76,17 +80,17 @@ def _faults(u: int) -> tuple[Fault, ...]:
     kinds and makes them depend on what the process imported. 0, where shrinking goes,
     is no fault at all."""
     out: list[Fault] = []
-    x = u
+    x, (a, b, c) = u, _MIX
     for _ in range(IO_CALLS if u else 0):
-        x = (x * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & (2**64 - 1)
-        z = ((x ^ (x >> 31)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        x = (x * a + b) & (2**64 - 1)
+        z = ((x ^ (x >> 31)) * c) & (2**64 - 1)
         z ^= z >> 29
         pool = FAULT_POOL[0]
         out.append(OK if z % 1000 < 1000 * (1 - FAULT_RATE[0]) else pool[(z // 1000) % len(pool)])
     return tuple(out)
 
 
-SEARCHED = 1 << 17  # the integers `fewer_faults` searches for a draw of a given list of faults
+SEARCHED = 1 << 21  # the integers `fewer_faults` searches for a draw of a given list of faults
 
 
 def fewer_faults(u: int) -> list[int]:
@@ -94,34 +98,61 @@ def fewer_faults(u: int) -> list[int]:
     then, for each of u's faults, u's faults with that call succeeding; then with that
     fault replaced by one earlier in the fault pool (a raise before a partial before a
     hang before a late answer); every other call as it was. Each is the least integer
-    drawing those faults among the first SEARCHED (a list of one or two faults nearly
-    always is one). The order, fewer faults then earlier ones, is well founded; mixing
-    puts it out of reach of the integer's own."""
+    drawing those faults among the first SEARCHED (a list of up to four faults nearly
+    always is one, of five most often). The order, fewer faults then earlier ones, is
+    well founded; mixing puts it out of reach of the integer's own."""
     faults, pool = _faults(u), FAULT_POOL[0]
-    table = _first_draws()
     real = [i for i, f in enumerate(faults) if f.kind is not FaultKind.OK]
     wanted = [(*faults[:i], OK, *faults[i + 1:]) for i in real if len(real) > 1]
     wanted += [(*faults[:i], earlier, *faults[i + 1:]) for i in real if faults[i] in pool
                for earlier in pool[: pool.index(faults[i])]]
-    found = ([0] if u else []) + [table[w] for w in wanted if w in table]
+    drawn = _first_draws()
+    found = ([0] if u else []) + [n for n in map(drawn.least, wanted) if n is not None]
     return list(dict.fromkeys(found))
 
 
-def _first_draws() -> dict[tuple[Fault, ...], int]:
-    """The least integer in 1..SEARCHED that draws each list of up to 3 faults, under the
-    campaign's rate and fault pool (built once for each, when a shrink first asks)."""
+@dataclass(frozen=True)
+class FirstDraws:
+    """Every list of faults an integer in 1..SEARCHED draws, each as a code (a number in
+    base len(values), a call's digit its fault's place in `values`), sorted, with the
+    least integer that draws it."""
+
+    values: tuple[Fault, ...]  # OK first, then the pool's faults
+    codes: npt.NDArray[np.int64]
+    first: npt.NDArray[np.int64]
+
+    def least(self, faults: tuple[Fault, ...]) -> int | None:
+        """The least integer that draws `faults`, if one in 1..SEARCHED does."""
+        code = sum(self.values.index(f) * len(self.values) ** i for i, f in enumerate(faults))
+        at = int(np.searchsorted(self.codes, code))
+        return int(self.first[at]) if at < len(self.codes) and self.codes[at] == code else None
+
+
+def _first_draws() -> FirstDraws:
+    """FirstDraws under the campaign's rate and fault pool (built once for each, when a
+    shrink first asks)."""
     return _first_draws_under(FAULT_RATE[0], FAULT_POOL[0])
 
 
 @functools.lru_cache(maxsize=1)
-def _first_draws_under(rate: float, pool: tuple[Fault, ...]) -> dict[tuple[Fault, ...], int]:
-    """_first_draws for this rate and pool, which `_faults` reads as it draws."""
-    table: dict[tuple[Fault, ...], int] = {}
-    for n in range(SEARCHED, 0, -1):  # the least integer written last
-        drawn = _faults(n)
-        if sum(f.kind is not FaultKind.OK for f in drawn) <= 3:
-            table[drawn] = n
-    return table
+def _first_draws_under(rate: float, pool: tuple[Fault, ...]) -> FirstDraws:
+    """_faults of every integer in 1..SEARCHED at once, in numpy's 64-bit integers
+    (whose products wrap as _faults's masks do); tests/test_random_programs.py holds the
+    two to the same draws."""
+    values = (OK, *[f for f in pool if f != OK])
+    place = np.array([values.index(f) for f in pool], dtype=np.int64)
+    a, b, c = (np.uint64(k) for k in _MIX)
+    x = np.arange(1, SEARCHED + 1, dtype=np.uint64)
+    codes = np.zeros(SEARCHED, dtype=np.int64)
+    for i in range(IO_CALLS):
+        x = x * a + b
+        z = (x ^ (x >> np.uint64(31))) * c
+        z ^= z >> np.uint64(29)
+        fails = z % np.uint64(1000) >= 1000 * (1 - rate)
+        codes += np.where(fails, place[(z // np.uint64(1000) % np.uint64(len(pool))).astype(np.int64)], 0) \
+            * len(values) ** i
+    unique, first = np.unique(codes, return_index=True)  # the first of each: the least integer
+    return FirstDraws(values, unique, first + 1)
 
 
 faults = st.integers(0, 2**32 - 1).map(_faults)
@@ -190,6 +221,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def view(self) -> View:
         e = self.engine
         return scheduler_view(e.observe(), e.observe_cpu(), [request_name(r) for r in self._live()], e.block_size)
+
+    def latest_view(self) -> View:
+        """The view after the latest call: the one it took, where nothing can have changed
+        since (`settled`), else a fresh look."""
+        return self.settled[0] if self.settled is not None else self.view()
 
     def _call(self, name: str, call: Callable[[], object], exiting: Sequence[RequestId] = (),
               ticks: int = 0, admitting: bool = False) -> None:
@@ -443,9 +479,9 @@ def drain(m: SchedulerMachine) -> None:
         m._call("drain:abort", lambda: e.abort(r, ()), exiting=[r])
     for _ in range(drain_ticks(e)):
         m._call("drain:evict", e.evict_all)
-        if not m.bookkeeping or not liveness.drained(m.view(), len(e.transfers())):
+        if not m.bookkeeping or not liveness.drained(m.latest_view(), len(e.transfers())):
             return  # bookkeeping off: the free lists are not judged, INV-CONTENT alone is
         m._call("drain:tick", lambda: e.tick(1), ticks=1)
-    left = liveness.drained(m.view(), len(e.transfers()))  # after the last tick: drained by it, or not
+    left = liveness.drained(m.latest_view(), len(e.transfers()))  # after the last tick: drained by it, or not
     if left:
         raise PropertyViolated("drain", left)

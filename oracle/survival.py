@@ -23,6 +23,7 @@ from kvoracle.oracle import watchdog
 from kvoracle.oracle.engine import Scripted
 from kvoracle.oracle.isolation import Ended, in_child
 from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
+from kvoracle.oracle.pulse import Pulse, pulsing
 from kvoracle.oracle.step_deletion import delete_runs
 from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -45,12 +46,14 @@ def nothing() -> None:
 
 
 def run_seeds_alone(machine: type[RuleBasedStateMachine], seeds: Sequence[int], *, examples: int, steps: int,
-                    baseline: Baseline | None = None) -> tuple[RunResult, Any]:
+                    baseline: Baseline | None = None, label: str = "") -> tuple[RunResult, Any]:
     """run_seeds in a process of its own: its result and the machine's tally, or (the
-    engine ended the process) the finding the journal makes of it and the tally as it was."""
+    engine ended the process) the finding the journal makes of it and the tally as it was.
+    `label` names the campaign in its progress lines (oracle.pulse; default: the machine's name)."""
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         path = Path(where) / "program"
-        answer = in_child(partial(_campaign, machine, path, seeds, examples, steps, baseline), path, quiet())
+        work = partial(_campaign, machine, path, seeds, examples, steps, baseline, label or machine.__name__)
+        answer = in_child(work, path, quiet())
         if isinstance(answer, Ended):
             return ended_result(machine, read(path), answer), getattr(machine, "tally", None)
         result: tuple[RunResult, Any] = answer
@@ -58,8 +61,9 @@ def run_seeds_alone(machine: type[RuleBasedStateMachine], seeds: Sequence[int], 
 
 
 def _campaign(machine: type[RuleBasedStateMachine], path: Path, seeds: Sequence[int], examples: int, steps: int,
-              baseline: Baseline | None) -> tuple[RunResult, Any]:
-    result = run_seeds(journaled(machine, Journal(path)), seeds, examples=examples, steps=steps, baseline=baseline)
+              baseline: Baseline | None, label: str) -> tuple[RunResult, Any]:
+    run = pulsing(journaled(machine, Journal(path)), Pulse(label))
+    result = run_seeds(run, seeds, examples=examples, steps=steps, baseline=baseline)
     return result, getattr(machine, "tally", None)
 
 

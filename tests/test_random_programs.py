@@ -26,8 +26,8 @@ from kvoracle.oracle.engine import BadInput
 from kvoracle.oracle.engine_machine import EngineMachine
 from kvoracle.oracle.journal import TEARDOWN, Journal, journaled, read
 from kvoracle.oracle.random_programs import Draw, Programs, Unsupported, drawer, rules_of, shown
-from kvoracle.oracle.scheduler_machine import (FAULTS, DiskMachine, SchedulerMachine, _faults, faults, fewer_faults,
-                                             use_faults)
+from kvoracle.oracle.scheduler_machine import (FAULTS, SEARCHED, DiskMachine, SchedulerMachine, _faults, _first_draws,
+                                             faults, fewer_faults, use_faults)
 from kvoracle.oracle.targets import Target, all_targets
 from kvoracle.oracle.violations import Baseline, PropertyViolated
 from kvoracle.spec.invariants import Violation
@@ -228,6 +228,32 @@ def test_each_simpler_fault_list_has_fewer_faults_or_earlier_ones() -> None:
         assert simpler[0] == 0 and all(weight(n) < weight(u) for n in simpler[1:]), u
         offered += len(simpler) > 1
     assert offered > 50  # most lists of faults have a simpler one among the integers searched
+
+
+def test_the_table_of_first_draws_draws_as_the_machine_does() -> None:
+    """fewer_faults looks integers up in a table that draws every integer of 1..SEARCHED
+    at once in numpy: each it names draws the list asked for, and is the least that does."""
+    drawn = _first_draws()
+    rng = random.Random(4)
+    for n in [1, SEARCHED, *(rng.randrange(1, SEARCHED + 1) for _ in range(2000))]:
+        least = drawn.least(_faults(n))
+        assert least is not None and least <= n and _faults(least) == _faults(n), n
+    first: dict[tuple[Fault, ...], int] = {}
+    for n in range(1, 1 << 14):
+        first.setdefault(_faults(n), n)
+    assert all(drawn.least(f) == n for f, n in first.items())
+    assert drawn.least((Fault(FaultKind.HANG),) * 8) is None  # a list no integer searched draws
+
+
+def test_a_list_of_five_faults_has_one_of_four_among_the_simpler() -> None:
+    rng = random.Random(6)
+
+    def real(u: int) -> int:
+        return sum(f.kind is not FaultKind.OK for f in _faults(u))
+
+    fives = [u for u in (rng.randrange(1, 2**32) for _ in range(3000)) if real(u) == 5]
+    shortened = [u for u in fives if any(real(n) == 4 for n in fewer_faults(u))]
+    assert len(fives) > 50 and len(shortened) > 0.8 * len(fives), (len(fives), len(shortened))
 
 
 @pytest.mark.parametrize("name", ["double-free", "write-raise-finish"])
