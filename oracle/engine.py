@@ -25,6 +25,7 @@ import ast
 import enum
 import functools
 import keyword
+import numbers
 import re
 import sys
 from collections import Counter
@@ -185,6 +186,14 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 
 MOST_BLOCKS = 1 << 22  # a campaign's pool: more ids than this is no pool its machines can walk
+
+
+def size_problem(name: str, value: object, least: int) -> str:
+    """What is wrong with `value` as the size `name` an adapter declares ('': nothing): an
+    integer (numpy's too), not a bool, of at least `least`."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least:
+        return ""
+    return f"{name} = {value!r} (an int of at least {least} is needed)"
 
 
 class MalformedObservation(TypeError):

@@ -12,7 +12,6 @@ reaches the caller, whose process stays as it was.
 
 from __future__ import annotations
 
-import numbers
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from kvoracle.oracle import interrupts, watchdog
-from kvoracle.oracle.engine import MOST_BLOCKS, MalformedObservation, Observation, shaped
+from kvoracle.oracle.engine import MOST_BLOCKS, MalformedObservation, Observation, shaped, size_problem
 from kvoracle.oracle.isolation import Ended, in_child
 from kvoracle.oracle.unchecked import unchecked
 
@@ -90,9 +89,8 @@ def declared_problem(adapter: object) -> str:
     wrong = []
     for name, least in LEAST_SIZE.items():
         watchdog.kick()
-        size = getattr(adapter, name, least)
-        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < least:
-            wrong.append(f"{name} = {size!r} (an int of at least {least} is needed)")
+        if problem := size_problem(name, getattr(adapter, name, least), least):
+            wrong.append(problem)
     reserve, gpu = getattr(adapter, "reserve", 0), getattr(adapter, "gpu_blocks", None)
     if not wrong and gpu is not None and reserve >= gpu:
         wrong.append(f"reserve ({reserve}) must leave some of its {gpu} GPU blocks to requests")

@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvoracle.oracle import cli
 from kvoracle.oracle.cli import main
+from kvoracle.oracle.engine import size_problem
 from kvoracle.oracle.workers import each_alone
 from kvoracle.proofs import compiled
 
@@ -342,7 +344,7 @@ def test_an_adapter_needs_neither_assertions_nor_bad_input_and_finds_its_sibling
     ("operations = frozenset({'admit', 'finish'})", "operations must be a frozenset of Op members"),
     ("operations = frozenset({Op.ADMIT})", "operations must include Op.FINISH"),
     ("operations = frozenset({Op.ADMIT, Op.FINISH, Op.GROW})", "operations declares Op.GROW but the class has no grow()"),
-    ("block_size = 0", "block_size must be an int of at least 1, not 0"),
+    ("block_size = 0", "block_size = 0 (an int of at least 1 is needed)"),
     ("bad_inputs = ()", "bad_inputs must be a frozenset of BadInput members, not ()"),
 ])
 def test_what_an_adapter_declares_is_checked_before_any_campaign(change: str, says: str, minimal: Path,
@@ -354,6 +356,14 @@ def test_what_an_adapter_declares_is_checked_before_any_campaign(change: str, sa
     minimal.write_text(text[:start] + f"    {change}\n" + text[text.index("\n", start) + 1:])
     err = refused(["check", "--adapter", f"{minimal}:Minimal"], capsys)
     assert f"--adapter {minimal}:Minimal: Minimal: {says}" in err
+
+
+@pytest.mark.parametrize("value, ok", [(16, True), (np.int64(16), True), (1, True), (0, False), (True, False),
+                                       (2.0, False), ("16", False), (None, False)])
+def test_a_declared_size_is_an_integer_of_at_least_its_least(value: object, ok: bool) -> None:
+    """One rule for a size wherever it is checked: the class at load, the built adapter."""
+    said = size_problem("block_size", value, 1)
+    assert (said == "") is ok and (ok or said == f"block_size = {value!r} (an int of at least 1 is needed)")
 
 
 def test_an_observation_that_is_not_one_is_refused_before_any_campaign(minimal: Path,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from kvoracle.oracle.engine import REQUIRED_OPS, BadInput, EngineAdapter, Observation, Op
+from kvoracle.oracle.engine import REQUIRED_OPS, BadInput, EngineAdapter, Observation, Op, size_problem
 from kvoracle.oracle.serving import SchedulerAdapter
 from kvoracle.oracle.tiered import TieredAdapter
 
@@ -170,8 +170,8 @@ def _check_declarations(cls: type) -> None:
     wrong = []
     if not isinstance(name, str) or not name:
         wrong.append(f"name must be a non-empty str, not {name!r}")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        wrong.append(f"block_size must be an int of at least 1, not {size!r}")
+    if problem := size_problem("block_size", size, 1):
+        wrong.append(problem)
     if not isinstance(ops, (set, frozenset)) or not all(isinstance(op, Op) for op in ops):
         wrong.append(f"operations must be a frozenset of Op members (Op.ADMIT, ...), not {ops!r}")
     else:
