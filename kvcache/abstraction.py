@@ -25,7 +25,7 @@ from kvoracle.spec.state import (
     Transfer,
 )
 from kvoracle.spec.types import OnCpu, TransferId
-from kvoracle.spec.view import View, of_cache, true_counters
+from kvoracle.spec.view import View, with_kept_counters
 
 
 def _spec_node(n: Node) -> SpecNode:
@@ -80,11 +80,7 @@ def kept_counters(cache: CacheManager) -> dict[str, int]:
 def view(cache: CacheManager, s: CacheState | None = None) -> View:
     """The complete view of the reference: its abstraction, and the counters it keeps
     next to what the abstraction recounts."""
-    s = abstract(cache) if s is None else s
-    true = true_counters(s)
-    paired = {name: (kept, true[name]) for name, kept in kept_counters(cache).items()}
-    return of_cache(s, {k: v for k, v in paired.items() if k.startswith("gpu")},
-                    {k: v for k, v in paired.items() if k.startswith("cpu")})
+    return with_kept_counters(abstract(cache) if s is None else s, kept_counters(cache))
 
 
 def snapshot(cache: CacheManager) -> tuple[CacheState, tuple[int, ...]]:

@@ -68,7 +68,7 @@ from kvoracle.spec.types import (
     Timeout,
     TransferId,
 )
-from kvoracle.spec.view import View, of_cache, request_name, true_counters
+from kvoracle.spec.view import View, of_cache, request_name, true_counters, with_kept_counters
 
 FORMAT, VERSION = "kvoracle-trace", 3
 Json = dict[str, object]
@@ -255,9 +255,7 @@ def observed(s: CacheState, obs: object, line: int) -> View:
     unknown = sorted(set(reported) - set(true))
     if unknown:
         raise TraceFormatError(line, f"unknown counters {unknown} (known: {', '.join(true)})")
-    counters = {k: (_int(v, line, k), true[k]) for k, v in reported.items()}
-    return of_cache(s, {k: c for k, c in counters.items() if k.startswith("gpu")},
-                    {k: c for k, c in counters.items() if k.startswith("cpu")})
+    return with_kept_counters(s, {k: _int(v, line, k) for k, v in reported.items()})
 
 
 def _heap(obs: Mapping[str, object], tier: str, heap: Heap, line: int) -> Heap:

@@ -163,6 +163,16 @@ def of_system(s: System) -> View:
     return replace(v, live=live, queued=queued, computed=computed, block_size=s.block_size)
 
 
+def with_kept_counters(s: CacheState, kept: Mapping[str, int]) -> View:
+    """The complete view of s with the counters an implementation keeps beside it (named
+    as true_counters names them), each paired with its recount and given to the tier its
+    name starts with."""
+    true = true_counters(s)
+    paired = {name: (count, true[name]) for name, count in kept.items()}
+    return of_cache(s, {k: c for k, c in paired.items() if k.startswith("gpu")},
+                    {k: c for k, c in paired.items() if k.startswith("cpu")})
+
+
 def true_counters(s: CacheState) -> dict[str, int]:
     """What each counter an implementation keeps must equal (INV-COUNTERS recounts)."""
     return {

@@ -27,7 +27,7 @@ from kvoracle.spec.state import (
 )
 from kvoracle.spec.liveness import (ADMIT_GRACE, PROGRESS_GRACE, live_admit, live_progress, live_transfer, stall,
                                     standstill)
-from kvoracle.spec.view import TierView, View, of_cache, true_counters
+from kvoracle.spec.view import TierView, View, of_cache, true_counters, with_kept_counters
 from kvoracle.spec.types import (
     BlockHash,
     CpuBlock,
@@ -65,10 +65,7 @@ inv_conserve, inv_refcount, inv_tree, inv_tier, inv_no_uaf, inv_pin, inv_heap_co
 
 def counted(s: CacheState, off: str = "") -> View:
     """The view with every counter an implementation keeps, `off` reported one too many."""
-    true = true_counters(s)
-    reported = {k: (n + (k == off), n) for k, n in true.items()}
-    return of_cache(s, {k: v for k, v in reported.items() if k.startswith("gpu")},
-                    {k: v for k, v in reported.items() if k.startswith("cpu")})
+    return with_kept_counters(s, {k: n + (k == off) for k, n in true_counters(s).items()})
 
 
 def ids(found: list[Violation]) -> set[str]:
