@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from kvoracle.kvcache.faults import Fault, FaultKind
 from kvoracle.oracle import interrupts, random_programs, stateful, threads, watchdog
-from kvoracle.oracle.engine import BadInput
+from kvoracle.oracle.engine import BadInput, MalformedObservation
 from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.scheduler_machine import _faults
 from kvoracle.oracle.step_deletion import delete_runs
@@ -136,7 +136,7 @@ def run_machine(
             return RunResult(True, None, (), time.perf_counter() - start, known=known)
         # Outside the except block: teardown skips its drain check while an exception is handled.
         if programs is None:
-            steps_found = minimize(machine, counterexample_steps(found), found)
+            steps_found, found = minimize(machine, counterexample_steps(found), found)
         else:
             found, steps_found = shrunk_random(machine, programs, found, shrink)
         PropertyViolated.baseline = None
@@ -245,10 +245,20 @@ def run_seeds(
     return result
 
 
+# The step of a finding that is the adapter's bug, not the engine's: no reproduction is written
+MALFORMED = "the program, where the adapter's observation became malformed"
+
+
 def unexpected(e: BaseException) -> PropertyViolated:
     """An exception no check turned into a verdict (from the engine, its adapter, or a
-    teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to."""
-    found = PropertyViolated("the program", [Violation("VALID-INPUT", f"the run raised {described(e)}{raised_in(e)}")])
+    teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to; an
+    observation the adapter made malformed is said to be the adapter's."""
+    if isinstance(e, MalformedObservation):
+        found = PropertyViolated(MALFORMED, [Violation(
+            "VALID-INPUT", f"nothing could be judged: {e}{raised_in(e)} (the adapter's bug, not the engine's)")])
+    else:
+        found = PropertyViolated("the program",
+                                 [Violation("VALID-INPUT", f"the run raised {described(e)}{raised_in(e)}")])
     found.__notes__ = list(getattr(e, "__notes__", []))
     return found
 
@@ -328,12 +338,19 @@ def _choosing(machine: type[RuleBasedStateMachine], state: RuleBasedStateMachine
         stateful.enabled(rule, state)
 
 
-def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str], finding: PropertyViolated) -> tuple[str, ...]:
+def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str],
+             finding: PropertyViolated) -> tuple[tuple[str, ...], PropertyViolated]:
     """Delete steps while the program still fails with the same finding (Hypothesis's
-    stateful shrinker sometimes leaves no-op steps in)."""
+    stateful shrinker sometimes leaves no-op steps in): the shorter program, and the
+    finding as it ran (its call and message: the drain's finish, say, where the program's
+    own finish was deleted)."""
     if not steps or not same_finding(finding, replay(machine, steps)):
-        return tuple(steps)  # not replayable as printed: keep Hypothesis's answer
-    return tuple(delete_runs(list(steps), lambda trial: same_finding(finding, replay(machine, trial))))
+        return tuple(steps), finding  # not replayable as printed: keep Hypothesis's answer
+    shorter = delete_runs(list(steps), lambda trial: same_finding(finding, replay(machine, trial)))
+    if len(shorter) == len(steps):
+        return tuple(steps), finding
+    again = replay(machine, shorter)
+    return tuple(shorter), again if again is not None and same_finding(finding, again) else finding
 
 
 def same_finding(finding: PropertyViolated, other: PropertyViolated | None, numbers: bool = True) -> bool:

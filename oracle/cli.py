@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib.metadata
 import importlib.util
 import json
@@ -34,6 +33,7 @@ from kvoracle.oracle.isolation import Ended
 from kvoracle.oracle.journal import Journal, journaled, read
 from kvoracle.oracle.pulse import Pulse, pulsing
 from kvoracle.oracle.survival import ended_result, quiet
+from kvoracle.oracle.unchecked import refusals_hint
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
 from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
@@ -236,9 +236,9 @@ def unwritable(option: str, path: str, is_dir: bool) -> str:
     where = target if is_dir else target.parent
     while not where.exists():
         where = where.parent
+    if not where.is_dir():
+        return f"{option} {path}: {where} is a file, not a directory"
     try:
-        if not where.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
         tempfile.TemporaryFile(dir=where).close()
     except OSError as e:
         return f"{option} {path}: {where} is not writable ({e.strerror or e})"
@@ -430,8 +430,8 @@ def print_unchecked(gaps: Sequence[str]) -> None:
 
 def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
-    if row.result is None or row.result.violation is None:
-        return
+    if row.result is None or row.result.violation is None or row.result.violation.step == campaign.MALFORMED:
+        return  # nothing, or the adapter's bug: no engine calls to reproduce
     use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
     path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id, str(row.result.violation))}")
@@ -490,6 +490,9 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     end_progress(sys.stderr)
     print(engine_table(rows))
     print_unchecked(built.gaps)
+    for r in rows:
+        if hint := refusals_hint(list(built.gaps), r.tally.refused, r.tally.steps):
+            print(f"note ({r.target}): {hint}")
     for r in rows:
         print_known(r.result.known, f" of {r.target}")
     for r in rows:
@@ -664,7 +667,8 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     if report.passed:
         print(f"{args.file}: {report.events} events, no violation")
         return 0
-    print(f"{args.file}: first violation at line {report.line}, after {report.events} events:")
+    print(f"{args.file}: first violation at line {report.line}, after {report.events} "
+          f"event{'' if report.events == 1 else 's'}:")
     for v in report.violations[:8]:
         print(f"  {v}")
     print(f"\nthe shortest prefix that shows it ({len(report.prefix)} lines):")
@@ -701,7 +705,22 @@ def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant
             print(f"recorded {what} to {path} until it raised {e!r}")
             return True
     print(f"recorded {n} lines of {what} to {path}")
+    if chosen is not None:
+        _say_if_unseen(path, mutant or "")
     return True
+
+
+def _say_if_unseen(path: str, mutant: str) -> None:
+    """A mutant's trace that shows no violation says so: its workload never reached the bug
+    (a bad call, say, is no part of a recorded workload)."""
+    from kvoracle.oracle.trace import check_trace, read_lines
+
+    with open(path, encoding="utf-8") as f:
+        report = check_trace(read_lines(f))
+    if report.passed:
+        print(f"note: this trace shows no violation ({report.events} events): its workload never reached "
+              f"{mutant}'s bug (one that only a bad call shows never does); try more --record-events, "
+              "another --seed or another mutant")
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -771,7 +790,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"max steps per program (default {campaign.STEPS})")
     c.add_argument("--fault-rate", type=float, default=FAULT_RATE_DEFAULT,
                    help="probability that a storage or swap call fails, hangs or answers late (default 0.3)")
-    c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run")
+    c.add_argument("--level", choices=["cache", "scheduler", "all"], default="all", help="which machines to run (default all: both levels)")
     c.add_argument("--audit-every", type=int, default=1, metavar="N",
                    help="audit every property over the whole state after every N-th step and every step of the "
                         "final drain (default 1: after every step); a larger N is faster, and misses a violation "
@@ -830,7 +849,8 @@ def parser() -> argparse.ArgumentParser:
                                     "Hypothesis machines on the reference and the CrossHair contracts. "
                                     "Exit status non-zero when any obligation fails or an ID is uncovered.")
     pr.add_argument("--scope", choices=["quick", "ci", "deep"], default="ci",
-                    help="quick: a small model and few programs (seconds); ci: the default (about 2 minutes); "
+                    help="quick: a small model and few programs (seconds with --no-crosshair; its CrossHair "
+                         "contracts take 10 s each, about 2 minutes in all); ci: the default (a few minutes); "
                          "deep: the larger model-check scope (minutes)")
     pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
     pr.add_argument("--workers", type=positive, default=1, metavar="N",

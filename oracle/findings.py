@@ -116,7 +116,7 @@ def reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str], vio
                *(["from kvoracle.oracle.watchdog import watch"] if hung else [])]
     if made is not None:
         imports += ["from kvoracle.oracle.tiered import Blocks, Call", *([outcomes] if outcomes not in preamble else [])]
-    return "\n".join([*header, "", preamble, "", *imports, "",
+    return "\n".join([*header, "", *beside(source, preamble), preamble, "", *imports, "",
                       *body, "", *check, "",
                       *(["# the adapter's own checks, in the engine's terms", extras, ""] if extras else [])])
 
@@ -146,6 +146,18 @@ def _build_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[st
                       f"fails_with({violation.first_id!r}, {source!r}, globals(), raised=_last.error)", ""])
 
 
+def beside(source: str, preamble: str = "") -> list[str]:
+    """For an adapter loaded from a file (FILE.py:CLASS): the lines that put its folder on
+    sys.path, as loading it did in the campaign, so that the engine's modules beside it
+    import when the reproduction runs from anywhere (none where its `preamble` names the
+    folder itself)."""
+    where = source.rpartition(":")[0]
+    folder = str(Path(where).resolve().parent)
+    if not where.endswith(".py") or folder in preamble:
+        return []
+    return ["import sys", f"sys.path.append({folder!r})  # the adapter's folder (its engine's modules)", ""]
+
+
 def _header(engine: str, steps: Sequence[str], violation: PropertyViolated, *how_to_run: str) -> list[str]:
     """A reproduction's first lines: the engine and ID, the program, what it found, how to run it."""
     program = " ; ".join(s.removeprefix("state.") for s in steps) or "(no step: the program is empty)"
@@ -160,11 +172,13 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
     each call). Run alone, it ends its process the same way while the engine has the
     bug, and passes once the engine survives."""
     script = ended_script(machine, steps, ended).rstrip()
+    make = getattr(machine, "make_adapter", None)
     return "\n".join([
         *_header(engine, steps, violation,
                  "# Run it in the engine's environment (kvoracle installed): it ends its process while the engine has",
                  "# the bug, and passes once the engine survives these calls."),
         "",
+        *(beside(adapter_source(make), script) if script and isinstance(make, type) else []),
         script or "# the replay did not end the process: no engine calls to write",
         "",
     ])

@@ -104,9 +104,9 @@ def built_problem(adapter: object) -> str:
         watchdog.kick()
         seen = getattr(adapter, "observe")()
     except BaseException as e:
-        return _problem("its observe() raised", "its observe() did not return", e)
+        return _problem("raised in observe():", "did not return from observe()", e)
     if not isinstance(seen, Observation):
-        return f"its observe() returned a {type(seen).__name__}, not an Observation (oracle.engine.Observation)"
+        return f"returned a {type(seen).__name__} from observe(), not an Observation (oracle.engine.Observation)"
     try:
         shaped("GPU", seen, MOST_BLOCKS)
     except MalformedObservation as e:

@@ -114,7 +114,7 @@ def test_unwritable_outputs_are_refused_before_the_campaign(tmp_path: Path,
     a_file.write_text("")
     under_a_file = str(a_file / "sub")
     assert "--repro-dir" in refused(["check", "--repro-dir", under_a_file], capsys)
-    assert "--json" in refused(["check", "--json", f"{under_a_file}/x.json"], capsys)
+    assert f"{a_file} is a file, not a directory" in refused(["check", "--json", f"{under_a_file}/x.json"], capsys)
     assert "is a directory" in refused(["check", "--json", str(tmp_path)], capsys)
     assert "--json" in refused(["check", "--adapter", TOY, "--json", f"{under_a_file}/x.json"], capsys)
     assert "--repro-dir" in refused(["check", "--adapter", TOY, "--repro-dir", under_a_file], capsys)
@@ -339,6 +339,29 @@ def test_an_adapter_needs_neither_assertions_nor_bad_input_and_finds_its_sibling
     assert "LIVE-DRAIN's eviction: the adapter drives none" in out
 
 
+def test_a_leak_an_observation_cannot_show_is_said_to_be_unseen(minimal: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine without a prefix cache that keeps a block of each finished request: with
+    `cached=frozenset()` the leak is INV-CONSERVE; with no `cached` it cannot be told from
+    a cached block, and the output says so, and why most admissions were refused."""
+    folder = minimal.parent  # modules of names of their own: the process keeps what earlier tests imported
+    (folder / "leaky_engine.py").write_text(SIBLING.replace("self.free += self.tables.pop(rid)",
+                                                            "self.free += self.tables.pop(rid)[1:]"))
+    leaky = MINIMAL.replace("sibling_engine", "leaky_engine")
+    (folder / "leaky_adapter.py").write_text(leaky)
+    repro = ["--repro-dir", str(tmp_path / "repro")]
+    assert main(["check", "--adapter", f"{folder / 'leaky_adapter.py'}:Minimal", *TINY, *repro]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"minimal_\w+_inv_conserve\.py \(fails standalone with AssertionError: INV-CONSERVE", out), out
+    # the program shrinks to the admission alone: the finish that leaks is the drain's, and the finding says so
+    assert "  1. admit(chunks=0, p=0)\n  then the drain at the end (the check fired there, after its finish)" in out
+    (folder / "uncached_adapter.py").write_text(leaky.replace("cached=frozenset())", "cached=None)"))
+    assert main(["check", "--adapter", f"{folder / 'uncached_adapter.py'}:Minimal", *TINY, *repro]) == 0
+    out = capsys.readouterr().out
+    assert "not checked: INV-CONSERVE's and LIVE-EXIT's owner of each used block, so a leaked block" in out
+    assert re.search(r"note \(minimal\): [\d,]+ of [\d,]+ steps were admissions or growths refused", out), out
+
+
 @pytest.mark.parametrize("change, says", [
     ("operations = [Op.ADMIT, Op.FINISH]", "operations must be a frozenset of Op members"),
     ("operations = frozenset({'admit', 'finish'})", "operations must be a frozenset of Op members"),
@@ -370,7 +393,24 @@ def test_an_observation_that_is_not_one_is_refused_before_any_campaign(minimal: 
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     minimal.write_text(minimal.read_text().replace("return Observation(", "return dict("))
     err = refused(["check", "--adapter", f"{minimal}:Minimal"], capsys)
-    assert "the minimal adapter its observe() returned a dict, not an Observation" in err
+    assert "the minimal adapter returned a dict from observe(), not an Observation" in err
+
+
+def test_an_observation_that_turns_malformed_is_the_adapters_bug(minimal: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Its first observation passed the look before the campaign; a later one gives an
+    iterator for a collection: the finding says it is the adapter's, and no reproduction
+    of engine calls is written."""
+    turns = minimal.parent / "turns_adapter.py"
+    turns.write_text(MINIMAL.replace("free=tuple(self.engine.free)",
+                                     "free=iter(self.engine.free) if self.engine.tables else tuple(self.engine.free)"))
+    repro = tmp_path / "repro"
+    assert main(["check", "--adapter", f"{turns}:Minimal", *TINY, "--repro-dir", str(repro)]) == 1
+    out = capsys.readouterr().out
+    assert "after the program, where the adapter's observation became malformed:" in out
+    assert "VALID-INPUT: nothing could be judged: the GPU observation's free is a list_iterator" in out
+    assert "(the adapter's bug, not the engine's)" in out and "reproduction:" not in out
+    assert not list(repro.glob("*.py"))
 
 
 def test_ctrl_c_in_an_adapters_campaigns_keeps_the_finished_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

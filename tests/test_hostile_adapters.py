@@ -73,7 +73,7 @@ class ObserveHangs(ReferenceScheduler):
 def test_an_adapter_that_exits_or_closes_as_it_is_built_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     """SystemExit(0) from the constructor once made `kvoracle check` exit 0 with nothing said."""
     assert preflight(ExitsAsItStarts).problem == "could not build its engine: SystemExit(0)"
-    assert preflight(ObserveCloses).problem == "its observe() raised GeneratorExit()"
+    assert preflight(ObserveCloses).problem == "raised in observe(): GeneratorExit()"
     assert main(["check", "--adapter", f"{__file__}:ExitsAsItStarts", "--no-coverage"]) == 2
     assert "the exits-as-it-starts adapter could not build its engine: SystemExit(0)" in capsys.readouterr().err
 
@@ -97,7 +97,7 @@ def test_an_adapter_whose_first_look_hangs_is_said_to_after_the_step_timeout() -
         problem = preflight_alone(ObserveHangs).problem
     finally:
         watchdog.set_limit(limit)
-    assert problem == "its observe() did not return within the step timeout (1 s; --step-timeout)"
+    assert problem == "did not return from observe() within the step timeout (1 s; --step-timeout)"
     assert time.monotonic() - start < 30
 
 

@@ -287,6 +287,18 @@ def test_a_scheduler_mutants_recorded_trace_fails_with_the_machines_id(
     assert json.loads(report.prefix[-1]) == {"op": "scheduled"}
 
 
+@pytest.mark.parametrize(("mutant", "unseen"), [("double-free", True), ("self-preempt", False)])
+def test_a_mutants_recorded_trace_that_shows_no_violation_says_so(
+        mutant: str, unseen: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """double-free's bug shows only on a bad call, which no recorded workload makes: its
+    trace passes, and recording it says so; self-preempt's trace shows its bug."""
+    level = "scheduler" if mutant == "self-preempt" else "cache"
+    assert main(["check", "--record", str(tmp_path / "t.jsonl"), "--record-level", level, "--mutant", mutant,
+                 "--seeds", "1", "--examples", "5", "--no-coverage"]) == 0
+    said = "note: this trace shows no violation" in capsys.readouterr().out
+    assert said is unseen
+
+
 def test_live_admits_count_starts_again_after_an_event_that_leaves_a_request_running() -> None:
     idle: list[dict[str, object]] = [{"op": "schedule"}, {"op": "scheduled"}]
     ran: list[dict[str, object]] = [{"op": "admit", "request": 0}, {"op": "prefill", "request": 0, "tokens": 4,
