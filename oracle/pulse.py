@@ -47,12 +47,11 @@ class Pulse:
             self.failed_at = (self.programs, time.monotonic() - self.start)
 
     def line(self, steps: int, seconds: float) -> str:
-        ran = f"{self.label}: {self.programs:,} programs, {steps:,} steps in {seconds:,.0f} s"
+        ran = f"{self.label}: {self.programs:,} programs, {steps:,} steps, {seconds:,.0f} s"
         if self.failed_at is None:
             return ran
         programs, at = self.failed_at
-        return (f"{ran}; the first failure came in program {programs:,} after {at:,.0f} s, "
-                f"shrinking it: {self.programs - programs:,} programs replayed")
+        return f"{ran}; shrinking program {programs:,}'s failure ({at:,.0f} s): {self.programs - programs:,} replays"
 
     def _show(self, steps: int, seconds: float) -> None:
         text = self.line(steps, seconds)

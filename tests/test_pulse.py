@@ -77,7 +77,7 @@ def test_a_failure_is_noted_and_the_runs_after_it_are_its_shrinking(generator: o
     assert pulse.failed_at is not None
     first, _ = pulse.failed_at
     assert pulse.programs > first  # the shrinker replayed the program
-    assert f"the first failure came in program {first:,}" in out.getvalue().splitlines()[-1]
+    assert f"; shrinking program {first:,}'s failure (" in out.getvalue().splitlines()[-1]
 
 
 def test_a_line_only_once_a_period_has_passed() -> None:
@@ -95,7 +95,7 @@ def test_on_a_terminal_the_line_is_redrawn_in_place() -> None:
     out = Terminal()
     pulse = Pulse("counter", out, period=0.0)
     pulse.program(7)
-    assert out.getvalue().startswith("\rcounter: 1 programs, 7 steps in ") and "\n" not in out.getvalue()
+    assert out.getvalue().startswith("\rcounter: 1 programs, 7 steps, ") and "\n" not in out.getvalue()
     assert Pulse("x", out).period < Pulse("x", io.StringIO()).period  # a terminal is redrawn more often
 
 
