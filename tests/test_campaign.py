@@ -383,6 +383,8 @@ def test_a_reproduction_failure_is_read_through_an_engines_rank_prefix(tmp_path:
 PLANTED = '''
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.scheduler.resource_manager import ResourceManager
+from kvoracle.spec.actions import Complete
+from kvoracle.spec.types import succeeded
 
 
 class OverdrawnMatch(CacheManager):
@@ -425,6 +427,25 @@ class UncopiedOrphanSwapIn(ResourceManager):
         if type(job).__name__ == "SwapInJob" and job.request is None:
             return done
         return super()._move(job, done)
+
+
+class FreedBeforeCopied(ResourceManager):
+    """The twentieth blind run's: an answer completes its transfer, which gives the source
+    blocks back, before the bytes are copied out of them. Harmless here, where the copy
+    follows in the same call; on a device whose copies run on their own stream the block
+    may be handed out and overwritten first."""
+
+    def _deliver(self, t, outcome):
+        job = self.cache.jobs.get(t)
+        if job is None:
+            return super()._deliver(t, outcome)
+        self.cache.complete(t, outcome)  # first: its blocks go back
+        arrived = self._move(job, succeeded(outcome, len(job.items)))  # then: their bytes are copied
+        self.events.append(Complete(t, outcome))
+        self.started.pop(t, None)
+        self._reads.pop(t, None)
+        if type(job).__name__ in ("SwapInJob", "PrefetchJob") and job.request is not None and arrived < len(job.items):
+            self._recompute(job.request, {g for *_, g in job.items[arrived:]})
 '''
 
 # A CPU hit, then a stored block, matched with a budget of one block (found by the
@@ -477,6 +498,19 @@ ORPHANED = ["state.submit(p=0, tail=0)", "state.schedule(f=())", "state.schedule
             "state.abort(f=(), i=0)"]
 
 
+def test_a_block_given_back_before_its_bytes_are_copied_out_is_caught(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy reads a block its transfer already freed: only garbage in freed blocks
+    (oracle.garbage) shows it, since nothing reuses the block within the call."""
+    (tmp_path / "planted.py").write_text(PLANTED)
+    planted = Mutant("freed-before-copied", 7, "", "", frozenset({"INV-CONTENT"}),
+                     scheduler_class=file_module(tmp_path / "planted.py").FreedBeforeCopied)
+    result = run_machine(Target(planted.name, "scheduler", planted).machine(), seed_value=0, examples=50, steps=30)
+    assert result.first_id == "INV-CONTENT", result.violation
+    monkeypatch.setattr(garbage, "_garbage_when_freed", lambda allocator, pool: None)
+    assert replay(Target(planted.name, "scheduler", planted).machine(), result.counterexample) is None
+
+
 def test_a_swap_in_landing_for_a_request_that_left_must_copy_its_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The block the swap-in lands in is the one the prefix was evicted from, and a free
@@ -491,7 +525,7 @@ def test_a_swap_in_landing_for_a_request_that_left_must_copy_its_bytes(
     assert replay(Target("reference", "scheduler", None).machine(), ORPHANED) is None
     (tmp_path / "buggy.py").write_text(reproduction(machine, ORPHANED, found))
     assert confirms(run_reproduction(tmp_path / "buggy.py"), "INV-CONTENT")
-    monkeypatch.setattr(garbage, "garbage_in_fresh_blocks", lambda cache, pools: None)
+    monkeypatch.setattr(garbage, "garbage_in_fresh_and_freed_blocks", lambda cache, pools: None)
     assert replay(Target(planted.name, "scheduler", planted).machine(), ORPHANED) is None
 
 

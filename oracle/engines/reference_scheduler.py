@@ -75,7 +75,7 @@ class ReferenceScheduler(Scripted):
             "from kvoracle.kvcache.faults import Fault, FaultKind, FaultyCopier, FaultyStorage, ScriptedFaults",
             "from kvoracle.kvcache.pool import make_pool",
             self.storage_imports,
-            "from kvoracle.oracle.garbage import garbage_in_fresh_blocks",
+            "from kvoracle.oracle.garbage import garbage_in_fresh_and_freed_blocks",
             "from kvoracle.scheduler.content import KVPools",
             "from kvoracle.scheduler.request import WritePolicy",
             import_as(self.scheduler_class, "Scheduler"),
@@ -87,7 +87,7 @@ class ReferenceScheduler(Scripted):
             f"rm = Scheduler(Cache({self.gpu_blocks}, {self.cpu_blocks}), FaultyStorage(store, plan),",
             f"               FaultyCopier(plan), block_size={self.block_size}, write_policy=WritePolicy.{self.write_policy.name},",
             f"               timeout={self.timeout}, pools=pools)",
-            "garbage_in_fresh_blocks(rm.cache, pools)  # a block handed out holds no prefix's bytes until written",
+            "garbage_in_fresh_and_freed_blocks(rm.cache, pools)  # a block handed out or back holds no prefix's bytes",
         ])
         super().__init__()
 
