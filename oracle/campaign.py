@@ -249,6 +249,12 @@ def run_seeds(
 MALFORMED = "the program, where the adapter's observation became malformed"
 
 
+def reproducible(result: RunResult) -> bool:
+    """Whether the result is a finding whose engine calls a reproduction can replay (not a
+    pass, nor the adapter's malformed observation)."""
+    return result.violation is not None and result.violation.step != MALFORMED
+
+
 def unexpected(e: BaseException) -> PropertyViolated:
     """An exception no check turned into a verdict (from the engine, its adapter, or a
     teardown): a VALID-INPUT finding, with the program Hypothesis shrank it to; an

@@ -30,9 +30,8 @@ from kvoracle.oracle import audit, stateful, watchdog
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.isolation import Ended
-from kvoracle.oracle.journal import Journal, journaled, read
-from kvoracle.oracle.pulse import Pulse, pulsing
-from kvoracle.oracle.survival import ended_result, quiet
+from kvoracle.oracle.journal import read
+from kvoracle.oracle.survival import ended_result, on_its_own, quiet
 from kvoracle.oracle.unchecked import refusals_hint
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
@@ -77,9 +76,7 @@ def campaign_of(target: Target, seeds: Sequence[int], examples: int, steps: int,
     machine = target.machine()
     use_target_faults(target)
     start = time.perf_counter()
-    run = machine
-    if journal is not None:  # a campaign in a process of its own: the journal, and a sign of progress
-        run = pulsing(journaled(machine, Journal(journal)), Pulse(f"{target.name} ({target.level})"))
+    run = machine if journal is None else on_its_own(machine, journal, f"{target.name} ({target.level})")
     result = run_seeds(run, seeds, examples=programs_per_seed(target.level, examples), steps=steps,
                        baseline=baseline)
     return result, tally_of(machine), time.perf_counter() - start
@@ -430,8 +427,8 @@ def print_unchecked(gaps: Sequence[str]) -> None:
 
 def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
-    if row.result is None or row.result.violation is None or row.result.violation.step == campaign.MALFORMED:
-        return  # nothing, or the adapter's bug: no engine calls to reproduce
+    if row.result is None or not campaign.reproducible(row.result):
+        return
     use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
     path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id, str(row.result.violation))}")

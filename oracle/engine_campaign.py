@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvoracle.oracle.campaign import MALFORMED, RunResult, counts
+from kvoracle.oracle.campaign import RunResult, counts, reproducible
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.findings import confirms, write_reproduction
@@ -59,8 +59,9 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     name = adapter.name + (" +bad input" if bad_input else "")
     result, tally = run_seeds_alone(machine, seeds, examples=examples, steps=steps, baseline=baseline, label=name)
     row = EngineRow(name, tally, result, time.perf_counter() - start)
-    if result.violation is None or result.violation.step == MALFORMED:  # no reproduction of an adapter's bug
+    if not reproducible(result):
         return row
+    assert result.violation is not None
     campaign = "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
     path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign)
     return EngineRow(name, tally, result, row.seconds, path, failure)

@@ -60,10 +60,15 @@ def run_seeds_alone(machine: type[RuleBasedStateMachine], seeds: Sequence[int], 
         return result
 
 
+def on_its_own(machine: type[RuleBasedStateMachine], path: Path, label: str) -> type[RuleBasedStateMachine]:
+    """`machine` as a campaign in a process of its own runs it: each program journaled to
+    `path` (what is left if the engine ends the process), and its progress shown as `label`."""
+    return pulsing(journaled(machine, Journal(path)), Pulse(label))
+
+
 def _campaign(machine: type[RuleBasedStateMachine], path: Path, seeds: Sequence[int], examples: int, steps: int,
               baseline: Baseline | None, label: str) -> tuple[RunResult, Any]:
-    run = pulsing(journaled(machine, Journal(path)), Pulse(label))
-    result = run_seeds(run, seeds, examples=examples, steps=steps, baseline=baseline)
+    result = run_seeds(on_its_own(machine, path, label), seeds, examples=examples, steps=steps, baseline=baseline)
     return result, getattr(machine, "tally", None)
 
 
