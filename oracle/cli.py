@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 import time
 from contextlib import closing
 from functools import partial
@@ -39,6 +40,7 @@ from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
 
 if TYPE_CHECKING:  # the engine campaign's modules load when an engine is checked
     from kvoracle.oracle.engine_campaign import EngineRow
+    from kvoracle.proofs.obligations import Row as ObligationRow
 
 FAULT_RATE_DEFAULT = 0.3
 REPRO_DIR = "out/repro"
@@ -90,7 +92,7 @@ def use_target_faults(target: Target) -> None:
 
 def target_row(target: Target, result: RunResult, tally: Tally, seconds: float) -> Row:
     if target.mutant is None:
-        verdict = "pass" if result.passed else "FAIL"
+        verdict = "pass" if result.passed else "VIOLATION"  # as an engine campaign's row says it
     elif result.passed:
         verdict = "SURVIVED"
     else:
@@ -742,18 +744,34 @@ def cmd_prove(args: argparse.Namespace) -> int:
     except CompileError as e:
         print(f"kvoracle prove --compiled: {e}", file=sys.stderr)
         return 2
-    head = ("property", "method", "scope", "explored", "time", "verdict")
-    body = [(r.property_id, r.method, r.scope, r.explored, f"{r.seconds:.1f}s", r.verdict) for r in rows]
-    print(columns(head, body))
+    print(obligation_runs(rows))
+    details: dict[tuple[str, str], list[str]] = {}  # a run's detail is its every row's
     for r in rows:
         if r.detail and (not r.ok or args.show):
-            print(f"\n{r.property_id} / {r.method}: {r.detail}")
+            details.setdefault((r.method, r.detail), []).append(r.property_id)
+    for (method, detail), ids in details.items():
+        print(f"\n{' '.join(ids)} / {method}: {detail}")
     missing = [] if args.no_crosshair else uncovered(rows)
     failed = [r for r in rows if not r.ok]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold; "
           f"{len(ALL_IDS) - len(missing)} of {len(ALL_IDS)} property IDs covered"
           + (f"; uncovered: {', '.join(missing)}" if missing else ""))
     return 0 if not failed and not missing else 1
+
+
+def obligation_runs(rows: Sequence[ObligationRow]) -> str:
+    """`kvoracle prove`'s rows, one paragraph per run (method, scope, what it explored and
+    its time): the IDs under each verdict it gave, wrapped to the width of a terminal."""
+    runs: dict[tuple[str, str, str, float], dict[str, list[str]]] = {}
+    for r in rows:
+        runs.setdefault((r.method, r.scope, r.explored, r.seconds), {}).setdefault(r.verdict, []).append(r.property_id)
+    out = []
+    for (method, scope, explored, seconds), verdicts in runs.items():
+        out.append(f"{method}, {scope}: {explored}; {seconds:.1f} s")
+        for verdict, ids in verdicts.items():
+            out.append(textwrap.fill(" ".join(ids), width=100, initial_indent=f"  {verdict}: ",
+                                     subsequent_indent=" " * (len(verdict) + 4), break_on_hyphens=False))
+    return "\n".join(out)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -61,7 +61,7 @@ class RaisingScheduler(ReferenceScheduler):
 def test_a_raising_target_is_a_finding_with_an_id_and_the_campaign_goes_on() -> None:
     rows = [run_target(Target(a.name, level, None, a), [0], 30, 30)
             for a, level in ((RaisingCache, "cache"), (RaisingScheduler, "scheduler"), (ReferenceCache, "cache"))]
-    assert [r.verdict for r in rows] == ["FAIL", "FAIL", "pass"]
+    assert [r.verdict for r in rows] == ["VIOLATION", "VIOLATION", "pass"]
     assert rows[0].first_id == "VALID-INPUT" and "crashed completing" in str(rows[0].result.violation)  # type: ignore[union-attr]
     assert rows[1].first_id == "VALID-INPUT" and "KeyError" in str(rows[1].result.violation)  # type: ignore[union-attr]
     assert rows[0].shrunk >= 1 and rows[1].shrunk >= 1
@@ -78,7 +78,7 @@ class ExitingCache(ReferenceCache):
 
 def test_an_engine_that_exits_the_process_is_a_finding_and_the_campaign_goes_on() -> None:
     rows = [run_target(Target(a.name, "cache", None, a), [0], 10, 20) for a in (ExitingCache, ReferenceCache)]
-    assert [r.verdict for r in rows] == ["FAIL", "pass"]
+    assert [r.verdict for r in rows] == ["VIOLATION", "pass"]
     assert rows[0].first_id == "VALID-INPUT" and "SystemExit(3)" in str(rows[0].result.violation)  # type: ignore[union-attr]
 
 
@@ -104,7 +104,7 @@ class CtrlCCache(ReferenceCache):
 
 def test_an_engines_own_keyboard_interrupt_is_a_finding_and_the_campaign_goes_on() -> None:
     rows = [run_target(Target(a.name, "cache", None, a), [0], 10, 20) for a in (InterruptingCache, ReferenceCache)]
-    assert [r.verdict for r in rows] == ["FAIL", "pass"]
+    assert [r.verdict for r in rows] == ["VIOLATION", "pass"]
     assert rows[0].first_id == "VALID-INPUT" and "KeyboardInterrupt" in str(rows[0].result.violation)  # type: ignore[union-attr]
     assert rows[0].shrunk >= 1
 
@@ -121,7 +121,7 @@ class InterruptedWhenBuilt(ReferenceCache):
 
 def test_an_engines_own_keyboard_interrupt_outside_a_call_is_a_finding_and_replays_as_one() -> None:
     row = run_target(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt), [0], 5, 5)
-    assert row.verdict == "FAIL" and "KeyboardInterrupt(\"the engine's own\")" in str(row.result.violation)  # type: ignore[union-attr]
+    assert row.verdict == "VIOLATION" and "KeyboardInterrupt(\"the engine's own\")" in str(row.result.violation)  # type: ignore[union-attr]
     again = replay(Target(InterruptedWhenBuilt.name, "cache", None, InterruptedWhenBuilt).machine(), ())
     assert again is not None and str(again.violations) == str(row.result.violation.violations)  # type: ignore[union-attr]
 

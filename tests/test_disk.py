@@ -232,4 +232,4 @@ class OverReportingOnDisk(ReferenceSchedulerOnDisk):
 
 def test_the_scheduler_machine_catches_a_storage_tier_that_over_reports_its_writes() -> None:
     row = run_target(Target("over-reporting", "scheduler", None, OverReportingOnDisk), [0, 1, 2], 150, 100)
-    assert row.verdict == "FAIL" and row.first_id == "INV-CONTENT", row.result
+    assert row.verdict == "VIOLATION" and row.first_id == "INV-CONTENT", row.result

@@ -126,7 +126,7 @@ def test_campaign_finds_the_same_hash_overwrite() -> None:
     from kvoracle.oracle.targets import Target
 
     row = run_target(Target(FastDeployTiered.name, "cache", None, FastDeployTiered), list(range(6)), 150, 100)
-    assert row.verdict == "FAIL" and row.first_id == "INV-COUNTERS", row.result and row.result.violation
+    assert row.verdict == "VIOLATION" and row.first_id == "INV-COUNTERS", row.result and row.result.violation
     assert row.result is not None and len(row.result.counterexample) <= 4
 
 

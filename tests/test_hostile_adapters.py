@@ -154,7 +154,7 @@ class StateGoesNone(ReferenceScheduler):
 def test_an_adapter_cannot_hide_a_bug_in_what_it_was_given_or_gives_back(adapter: type[ReferenceScheduler],
                                                                          caught: str) -> None:
     row = run_target(Target(adapter.name, "scheduler", None, adapter), [0, 1], 60, 100)
-    assert row.verdict == "FAIL" and row.first_id == caught, row
+    assert row.verdict == "VIOLATION" and row.first_id == caught, row
 
 
 def test_a_refusal_is_judged_on_a_copy_of_what_the_adapter_showed_before() -> None:

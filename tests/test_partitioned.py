@@ -92,8 +92,22 @@ def test_prove_splits_its_model_checks_and_refuses_partitions_with_workers() -> 
     prove = [sys.executable, "-m", "kvoracle.oracle.cli", "prove", "--scope", "quick", "--no-crosshair"]
     done = subprocess.run([*prove, "--partitions", "2"], capture_output=True, text=True)
     assert done.returncode == 0 and "60 of 60 obligations hold" in done.stdout, done.stderr[-2000:]
+    assert max(map(len, done.stdout.splitlines())) <= 120, done.stdout  # a paragraph per run, not a row per ID
     refused = subprocess.run([*prove, "--partitions", "2", "--workers", "2"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--partitions" in refused.stderr
+
+
+def test_prove_prints_each_run_once_with_the_ids_under_each_verdict() -> None:
+    from kvoracle.oracle.cli import obligation_runs
+    from kvoracle.proofs.obligations import Row
+
+    run = ("model check", "G6 C2 S R2x2/2 A2", "9 states", 0.25)
+    rows = [Row("INV-PIN", *run, "VIOLATED", False, "trace"), Row("INV-TREE", *run, "not reached", False, "trace"),
+            Row("INV-TIER", *run, "not reached", False, "trace"),
+            Row("INV-CONTENT", "Hypothesis", "scheduler machine", "5 steps", 1.0, "holds", True)]
+    assert obligation_runs(rows).splitlines() == [
+        "model check, G6 C2 S R2x2/2 A2: 9 states; 0.2 s", "  VIOLATED: INV-PIN", "  not reached: INV-TREE INV-TIER",
+        "Hypothesis, scheduler machine: 5 steps; 1.0 s", "  holds: INV-CONTENT"]
 
 
 class Dies:

@@ -120,7 +120,7 @@ def test_an_engine_that_ends_its_process_is_a_finding_and_the_campaign_goes_on()
             for a in (SegfaultingCache, ReferenceCache)]
     crashed, after = run_jobs(jobs, 1, None)
     assert after.verdict == "pass"
-    assert crashed.verdict == "FAIL" and crashed.first_id == "VALID-INPUT"
+    assert crashed.verdict == "VIOLATION" and crashed.first_id == "VALID-INPUT"
     assert crashed.result is not None and crashed.result.ended is not None
     found, steps = crashed.result.violation, crashed.result.counterexample
     assert found is not None and "the engine ended the process (killed by SIGSEGV)" in str(found)
