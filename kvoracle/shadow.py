@@ -342,6 +342,24 @@ class ObserverBase:
         return False
 
 
+# The optional parts without which something goes unchecked, and what (a summary's
+# `not checked:` lines, when every observer of the session lacks the part).
+WITHOUT: tuple[tuple[str, str], ...] = (
+    ("exiting", "LIVE-EXIT (the observer has no exiting(): which call ends which request), so a request's "
+                "exit that keeps its blocks passes while it looks live"),
+    ("progress", "LIVE-ADMIT and LIVE-PROGRESS (the observer has no progress(): it does not see scheduling "
+                 "steps)"),
+    ("reproduction", "no reproduction files (the observer has no reproduction() and statement(): an alarm "
+                     "shows its history only)"),
+)
+
+
+def lacking(cls: type) -> frozenset[str]:
+    """The parts of WITHOUT an observer class leaves to ObserverBase's default (or lacks)."""
+    return frozenset(part for part, _ in WITHOUT
+                     if getattr(cls, part, None) in (None, getattr(ObserverBase, part)))
+
+
 def restrict(o: Observation, ids: range) -> Observation:
     """A full observation cut to `ids` (an observer's observe_range when its full
     observation is cheap: correct, not cheaper). Counters and the tree are left out."""
@@ -377,13 +395,21 @@ class Tally:
     internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
     unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
     steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
-    watching: list[str] = field(default_factory=list)  # the modules of the engine classes it attaches to
+    watching: list[str] = field(default_factory=list)  # the engine classes it attaches to, "module:Class"
+    unfound: list[str] = field(default_factory=list)  # of those, the ones their module, once imported, lacks
+    lacking: dict[str, frozenset[str]] = field(default_factory=dict)  # observer -> the optional parts it lacks
 
     @property
     def unwatched(self) -> list[str]:
         """The modules of `watching` whose package this Python lacks, now: never imported,
         and not to be found (a test suite may put its engine on sys.path itself)."""
-        return [m for m in dict.fromkeys(self.watching) if _missing(m)]
+        return [m for m in dict.fromkeys(c.partition(":")[0] for c in self.watching) if _missing(m)]
+
+    @property
+    def misconfigured(self) -> bool:
+        """Nothing was watched, and the configuration says why: an engine class that is
+        not there (not installed, or misnamed)."""
+        return self.engines == 0 and bool(self.unwatched or self.unfound)
 
     def summary(self, engine: str = "", alarms: int = 20) -> str:
         head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
@@ -404,6 +430,11 @@ class Tally:
         for path in self.unwatched:
             package = path.partition(".")[0]
             lines.append(f"not watched: {path} (its package, {package}, is not installed in this Python)")
+        lines += [f"not watched: {why}" for why in self.unfound]
+        if self.engines == 0 and self.watching:
+            lines.append(f"watched nothing: no {' or '.join(dict.fromkeys(self.watching))} object was created")
+        lines += [f"not checked: {what}" for part, what in WITHOUT if self.lacking
+                  and all(part in lacks for lacks in self.lacking.values())]
         return "\n".join(lines)
 
 
@@ -505,6 +536,8 @@ class Shadow:
         self.report_dir = Path(report_dir or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "kvoracle-shadow")
         self.own = Tally()
         self.tallies = [self.own] if tally is None or tally is self.own else [self.own, tally]
+        for t in self.tallies:
+            t.lacking[observer.engine] = lacking(type(observer))
         self._count("engines")
         self.alarms: list[Alarm] = []  # this object's
         self.seen: set[tuple[str, str]] = set()
@@ -910,6 +943,10 @@ def observer_class(engine: str | type) -> type:
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
         raise ValueError(f"{where} has no observer class {name}")
+    if not all(callable(getattr(cls, part, None)) for part in ("targets", "observe")):
+        raise ValueError(f"{where}:{name} is not an observer: it has no targets() and observe() (an observer "
+                         "wraps the engine's class, it is not the engine's class; docs/shadow.md, 'Your own "
+                         "engine: an observer')")
     return cls
 
 
@@ -1046,18 +1083,21 @@ def _missing(module: str) -> bool:
     return True
 
 
-def _hook_class(path: str, on_new: Callable[[object], None]) -> Callable[[], None]:
-    """Call `on_new(obj)` after each construction of exactly that class; returns the undo."""
+def _hook_class(path: str, on_new: Callable[[object], None], unfound: list[str]) -> Callable[[], None]:
+    """Call `on_new(obj)` after each construction of exactly that class; returns the undo.
+    A module without that class gets no hook: `unfound` says so (the import goes on)."""
     module_name, _, qualname = path.partition(":")
     undo: list[Callable[[], None]] = []
 
     def patch(module: types.ModuleType) -> None:
-        cls = module
+        cls: object = module
         for part in qualname.split("."):
-            cls = getattr(cls, part)
-        assert isinstance(cls, type)
+            cls = getattr(cls, part, None)
+        if not isinstance(cls, type):
+            unfound.append(f"{path} ({module_name} has no class {qualname})")
+            return
         had = cls.__dict__.get("__init__", _MISSING)
-        init = cls.__init__
+        init: Callable[..., None] = getattr(cls, "__init__")  # its own or inherited
 
         @functools.wraps(init)
         def __init__(self: object, *args: object, **kwargs: object) -> None:
@@ -1106,10 +1146,14 @@ def install(engine: str | type, *, mode: Mode = "record", interval: int = 1, ful
                       history=history, ring=ring, gap=gap, report_dir=report_dir, script_limit=script_limit,
                       tally=shared)
 
+    classes = tuple(getattr(cls, "classes", ()))
+    if not classes:
+        raise ValueError(f"the {spec} observer names no engine class to attach to (classes = "
+                         "('module:Class', ...))")
     inst = _Install(spec, make, shared)
-    for path in getattr(cls, "classes", ()):
-        shared.watching.append(path.partition(":")[0])  # said in the summary if its package is missing then
-        inst.undo.append(_hook_class(path, inst.new_object))
+    for path in classes:
+        shared.watching.append(path)  # said in the summary if its package is missing then
+        inst.undo.append(_hook_class(path, inst.new_object, shared.unfound))
     _installs[spec] = inst
     return shared
 
@@ -1254,7 +1298,7 @@ class _Plugin:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.audit()
-        if self.tally.alarms and not self.report_only:
+        if (self.tally.alarms or self.tally.misconfigured) and not self.report_only:
             import pytest
 
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -1263,8 +1307,13 @@ class _Plugin:
         terminalreporter.section("kvoracle shadow")
         for line in self.tally.summary(self.name).splitlines():
             terminalreporter.write_line(line)
-        if self.tally.alarms and not self.report_only:
+        if self.report_only:
+            return
+        if self.tally.alarms:
             terminalreporter.write_line("the session fails on these alarms (--kvoracle-shadow-report: only report)")
+        elif self.tally.misconfigured:
+            terminalreporter.write_line("the session fails: it checked nothing, as the lines above say "
+                                        "(--kvoracle-shadow-report: only report)")
 
     def pytest_unconfigure(self) -> None:
         for engine in _engines(self.engine):

@@ -389,6 +389,7 @@ def test_an_engine_this_python_lacks_is_named_not_passed_in_silence(pytester: py
                                           "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning")
     result.stdout.fnmatch_lines(["*0 engine object(s)*", "not watched: kvoracle_absent_engine.core (its package, "
                                                           "kvoracle_absent_engine, is not installed in this Python)"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # it checked nothing: a session's setup to mend
 
 
 class LateObserver(ToyObserver):
@@ -428,8 +429,48 @@ def test_an_engine_the_tests_put_on_sys_path_is_watched_and_not_called_missing(t
     assert done.returncode == 1
 
 
+class MisnamedObserver(ToyObserver):
+    """An observer whose engine class is misspelt in a module that is there."""
+
+    classes = ("json:JSONDecodr",)
+
+
+def test_a_misnamed_engine_class_is_named_and_fails_the_session_that_watched_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_nothing="import json\n\ndef test_fine():\n    json.loads('1')\n")
+    result = pytester.runpytest_inprocess("-p", "kvoracle.shadow", "--kvoracle-shadow",
+                                          f"{Path(__file__).resolve()}:MisnamedObserver", "-p", "no:cacheprovider",
+                                          "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.stdout.fnmatch_lines(["*1 passed*"])
+    result.stdout.fnmatch_lines(["not watched: json:JSONDecodr (json has no class JSONDecodr)",
+                                 "watched nothing: no json:JSONDecodr object was created",
+                                 "the session fails: it checked nothing*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+class Engine:
+    """An engine class given where an observer belongs."""
+
+    def admit(self) -> None:
+        pass
+
+
+def test_a_class_that_is_not_an_observer_is_refused() -> None:
+    with pytest.raises(ValueError, match="Engine is not an observer: it has no targets"):
+        shadow.observer_class(f"{Path(__file__).resolve()}:Engine")
+
+
+def test_an_observer_names_the_checks_its_missing_parts_leave_out() -> None:
+    class NoExits(ToyObserver):
+        exiting = ObserverBase.exiting
+
+    full = shadow.attach(ToyEngine(blocks=6, block_size=2), ToyObserver).summary()
+    assert "not checked: LIVE-ADMIT and LIVE-PROGRESS" in full and "LIVE-EXIT" not in full, full
+    bare = shadow.attach(ToyEngine(blocks=6, block_size=2), NoExits).summary()
+    assert "not checked: LIVE-EXIT (the observer has no exiting()" in bare, bare
+
+
 def test_not_watched_names_only_a_package_missing_when_the_summary_is_made() -> None:
-    tally = shadow.Tally(watching=["kvoracle_absent_engine.core", "toy_engine", "json.decoder", "json.decoder"])
+    tally = shadow.Tally(engines=1, watching=["kvoracle_absent_engine.core", "toy_engine", "json.decoder", "json.decoder"])
     assert tally.unwatched == ["kvoracle_absent_engine.core"]
     assert "not watched: kvoracle_absent_engine.core (its package" in tally.summary()
     assert "toy_engine" not in tally.summary() and "json" not in tally.summary()
