@@ -14,6 +14,7 @@ options only, and no test unless --kvoracle-adapter is given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ import pytest
 
 if TYPE_CHECKING:  # the plugin loads in every pytest session: Hypothesis only when asked for
     from hypothesis.stateful import RuleBasedStateMachine
+
+    from kvoracle.oracle.campaign import RunResult
 
 
 def _count(text: str) -> int:
@@ -46,6 +49,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvoracle-generator", choices=("hypothesis", "random", "both"), default="both",
                     help="who draws the programs, as `kvoracle check --generator` (default both: Hypothesis's, "
                          "then, if they pass, as many drawn by Python's random, which reaches other states)")
+    group.addoption("--kvoracle-repro-dir", default=None, metavar="DIR",
+                    help="on a finding of a Scripted adapter, write its engine calls to a reproduction file in "
+                         "DIR, as `kvoracle check --repro-dir` does (the seed's campaign is run once more to "
+                         "find its program); by default the failure says how to get one")
     group.addoption("--kvoracle-isolated", action="store_true",
                     help="run each adapter's machine in a forked process: an engine that ends the process fails "
                          "its test with the program that ended it, and the session goes on (not once CUDA is "
@@ -79,10 +86,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                                  adapter=adapter, bad_input=True))
 
 
-def drawn_at_random(machine: type[RuleBasedStateMachine], seed: int, examples: int, steps: int, rerun: str) -> None:
+def drawn_at_random(machine: type[RuleBasedStateMachine], seed: int, examples: int, steps: int, rerun: str,
+                    reproduce: Callable[[Callable[[], RunResult]], str | None] = lambda _: None) -> None:
     """The machine's programs drawn by the random generator (`kvoracle check --generator
     random`), unwatched as Hypothesis's are here: its finding raised with the shrunk
-    program as a note, as Hypothesis shows one, and the command that runs it again."""
+    program as a note, as Hypothesis shows one, the command that runs it again, and what
+    `reproduce` says of the reproduction file it writes."""
     from kvoracle.oracle.campaign import run_machine
 
     result = run_machine(machine, seed_value=seed, examples=examples, steps=steps, generator="random", guard=False)
@@ -90,7 +99,31 @@ def drawn_at_random(machine: type[RuleBasedStateMachine], seed: int, examples: i
         program = "\n".join(result.shown) or "(no program: the finding above says why)"
         result.violation.add_note(f"the program, drawn at random (seed {seed}) and shrunk:\n{program}\n"
                                   f"to run it again: {rerun}")
+        if said := reproduce(lambda: result):
+            result.violation.add_note(said)
         raise result.violation
+
+
+def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input: bool, repro_dir: str | None,
+                 found: Callable[[], RunResult]) -> str | None:
+    """What a finding's note says of its engine calls (a Scripted adapter's): the
+    reproduction file of the finding `found` gives, written into `repro_dir`, and what it
+    did run alone; without a directory, how to get one. None: nothing to write."""
+    from kvoracle.oracle.campaign import reproducible
+    from kvoracle.oracle.engine import Scripted
+    from kvoracle.oracle.findings import campaign_of, standalone, write_reproduction
+
+    if not issubclass(adapter, Scripted):
+        return None
+    if repro_dir is None:
+        return "its engine calls, as a file that runs alone: add --kvoracle-repro-dir DIR"
+    result = found()
+    if not reproducible(result):
+        return "no reproduction: the seed's campaign, run once more to find its program, found no engine calls to replay"
+    assert result.violation is not None
+    path, failure = write_reproduction(machine, result, Path(repro_dir), str(getattr(adapter, "name", "adapter")),
+                                       campaign_of(result, bad_input))
+    return standalone(path, failure, result.first_id, str(result.violation)).strip()
 
 
 class AdapterItem(pytest.Item):
@@ -105,7 +138,7 @@ class AdapterItem(pytest.Item):
         from hypothesis import seed as seeded
         from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-        from kvoracle.oracle.campaign import generators, seed_alone
+        from kvoracle.oracle.campaign import generators, run_machine, seed_alone
         from kvoracle.oracle.survival import alone
         from kvoracle.testing import machine_for, unexplained
 
@@ -114,14 +147,26 @@ class AdapterItem(pytest.Item):
         config = unexplained(settings(max_examples=opt("kvoracle_examples"), stateful_step_count=opt("kvoracle_steps"),
                                       deadline=None, database=None, suppress_health_check=list(HealthCheck)))
 
+        def reproduce(found: Callable[[], RunResult]) -> str | None:
+            return reproduction(machine, self.adapter, self.bad_input, opt("kvoracle_repro_dir"), found)
+
+        def campaign_again() -> RunResult:  # Hypothesis's finding, found again with its program
+            return run_machine(machine, seed_value=opt("kvoracle_seed"), examples=opt("kvoracle_examples"),
+                               steps=opt("kvoracle_steps"), generator="hypothesis", guard=False)
+
         def by_hypothesis(machine: type[RuleBasedStateMachine]) -> None:
-            with seed_alone():  # the same programs whatever the test session loaded
-                seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+            try:
+                with seed_alone():  # the same programs whatever the test session loaded
+                    seeded(opt("kvoracle_seed"))(get_state_machine_test(machine, settings=config))()
+            except Exception as e:
+                if said := reproduce(campaign_again):
+                    e.add_note(said)
+                raise
 
         def at_random(machine: type[RuleBasedStateMachine]) -> None:
             drawn_at_random(machine, opt("kvoracle_seed"), opt("kvoracle_examples"), opt("kvoracle_steps"),
                             f"pytest --kvoracle-adapter {self.spec} --kvoracle-generator random "
-                            f"--kvoracle-seed {opt('kvoracle_seed')}")
+                            f"--kvoracle-seed {opt('kvoracle_seed')}", reproduce)
 
         for generator in generators(machine, opt("kvoracle_generator")):
             run = by_hypothesis if generator == "hypothesis" else at_random
@@ -135,4 +180,15 @@ class AdapterItem(pytest.Item):
         return Path(self.spec.rpartition(":")[0]), None, f"{what} on {self.spec}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        return str(excinfo.value) + "".join(f"\n{n}" for n in getattr(excinfo.value, "__notes__", []))
+        return described(excinfo.value)
+
+
+def described(e: BaseException) -> str:
+    """A finding as the failure shows it: its message and notes (the shrunk program, the
+    reproduction), and each of a group's failures so (Hypothesis raises a group when one
+    seed shows distinct failures)."""
+    text = str(e) + "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
+    if isinstance(e, BaseExceptionGroup):
+        text += "".join(f"\n\n--- failure {i} of {len(e.exceptions)} ---\n{described(sub)}"
+                        for i, sub in enumerate(e.exceptions, 1))
+    return text

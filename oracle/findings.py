@@ -184,6 +184,13 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
     ])
 
 
+def campaign_of(result: RunResult, bad_input: bool) -> str:
+    """The part of a reproduction's name that tells the bad-input campaign's finding of a
+    valid call from the valid-input campaign's (a bad call's step names itself)."""
+    assert result.violation is not None
+    return "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
+
+
 def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, repro_dir: Path, engine: str,
                        campaign: str = "") -> tuple[Path, str]:
     """Write the reproduction of a campaign's finding into `repro_dir` as
@@ -405,8 +412,8 @@ def fails_with(pid: str, source: str, namespace: dict[str, object], live: Mappin
     as kvoracle's machine found it (its first violation, by the same predicate). `raised`:
     what the last call raised; `record`: the checker's own record (checker_record)."""
     found = _violations(pid, Evidence(source, namespace, live, before, requests, raised, record))
-    if found:
-        raise AssertionError(str(found[0]) + "".join(f"\n  {v}" for v in found[1:]))
+    if found:  # chained to what the call raised, so that the engine's own traceback shows
+        raise AssertionError(str(found[0]) + "".join(f"\n  {v}" for v in found[1:])) from raised
     if raised is not None and pid != "BAD-INPUT":  # a bad call's refusal is fine; a valid call's is not
         raise raised
 

@@ -138,6 +138,33 @@ def test_the_random_generator_draws_the_programs_and_shows_its_shrunk_one(pytest
     assert "state.admit(" not in out
 
 
+@pytest.mark.parametrize("generator", ["hypothesis", "random"])
+def test_a_finding_comes_with_its_engine_calls_in_a_file_that_runs_alone(pytester: pytest.Pytester,
+                                                                         generator: str) -> None:
+    """As `kvoracle check --repro-dir` writes it: the toy's planted bug, its reproduction
+    file confirmed standalone; without the option, the failure says how to get one."""
+    toy = f"{EXAMPLES / 'toy_engine.py'}:ToyAdapter"
+    run = ("--kvoracle-adapter", toy, "--kvoracle-generator", generator, *QUIET)
+    hinted = pytester.runpytest_inprocess(*run).stdout.str()
+    assert "its engine calls, as a file that runs alone: add --kvoracle-repro-dir DIR" in hinted, hinted
+    result = pytester.runpytest_inprocess(*run, "--kvoracle-repro-dir", "repro")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["reproduction: repro/toy_*inv_no_uaf.py (fails standalone with AssertionError: "
+                                 "INV-NO-UAF*"])
+    assert sorted(p.name for p in (pytester.path / "repro").iterdir()) == [  # one per campaign
+        "toy_admit_inv_no_uaf.py", "toy_bad_input_admit_inv_no_uaf.py"], result.stdout.str()
+
+
+def test_each_of_a_group_of_failures_is_shown() -> None:
+    from kvoracle.pytest_plugin import described
+
+    first, second = AssertionError("INV-PIN: one"), AssertionError("LIVE-EXIT: two")
+    second.add_note("state.finish(i=0)")
+    text = described(ExceptionGroup("Hypothesis found 2 distinct failures.", [first, second]))
+    assert text.splitlines()[1:] == ["", "--- failure 1 of 2 ---", "INV-PIN: one", "", "--- failure 2 of 2 ---",
+                                     "LIVE-EXIT: two", "state.finish(i=0)"], text
+
+
 def test_both_draws_at_random_once_hypothesis_passes(pytester: pytest.Pytester) -> None:
     """The default, as `kvoracle check`'s: Hypothesis's programs, then the random
     generator's; each pass builds the engine for each of its programs."""
