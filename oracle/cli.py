@@ -490,7 +490,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     print(engine_table(rows))
     print_unchecked(built.gaps)
     for r in rows:
-        if hint := refusals_hint(list(built.gaps), r.tally.refused, r.tally.steps):
+        if hint := refusals_hint(list(built.gaps), r.tally.refused, r.tally.steps, r.result.passed):
             print(f"note ({r.target}): {hint}")
     for r in rows:
         print_known(r.result.known, f" of {r.target}")

@@ -56,9 +56,13 @@ def unchecked(adapter: Any) -> list[str]:
     return gaps
 
 
-def refusals_hint(gaps: list[str], refused: int, steps: int) -> str:
+def refusals_hint(gaps: list[str], refused: int, steps: int, passed: bool) -> str:
     """A line for a campaign whose engine refused most calls for want of room while its
-    leaks go unseen ('' otherwise): the one symptom of a leak such a campaign shows."""
+    leaks go unseen: the one symptom of a leak such a campaign shows; or for one that
+    passed without a single refusal: the paths of a full pool never ran. '' otherwise."""
+    if passed and steps and not refused:
+        return (f"none of {steps:,} steps was refused for want of room: what the engine does when its pool is full "
+                "never ran; build it with fewer blocks in the adapter (or draw more --steps)")
     if steps == 0 or 2 * refused < steps or not any(LEAKS_UNSEEN in g for g in gaps):
         return ""
     return (f"{refused:,} of {steps:,} steps were admissions or growths refused for want of room: with no "

@@ -244,6 +244,17 @@ def test_an_adapter_that_drives_no_eviction_is_drained_by_what_it_calls_evictabl
     assert not any("LIVE-DRAIN" in line for line in unchecked(ReferenceAdapter()))
 
 
+def test_a_campaign_whose_engine_never_ran_out_of_room_or_mostly_did_says_why_that_matters() -> None:
+    from kvoracle.oracle.unchecked import LEAKS_UNSEEN, refusals_hint
+
+    assert "never ran" in refusals_hint([], 0, 2500, passed=True)  # a full pool's paths: a bug there passes
+    assert refusals_hint([], 0, 2500, passed=False) == ""  # a finding says enough
+    assert refusals_hint([], 1, 2500, passed=True) == ""
+    leaks = [f"INV-CONSERVE: {LEAKS_UNSEEN}"]
+    assert "report cached=frozenset()" in refusals_hint(leaks, 1300, 2500, passed=True)
+    assert refusals_hint([], 1300, 2500, passed=True) == "" and refusals_hint(leaks, 1000, 2500, passed=True) == ""
+
+
 def test_the_drain_without_eviction_still_finds_a_block_nobody_can_free() -> None:
     from kvoracle.oracle.engine_machine import evicted
 
