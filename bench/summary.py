@@ -175,7 +175,7 @@ def machines(examples: int) -> list[Row]:
     start = time.perf_counter()
     unchecked = run_seeds(Unchecked, [0], examples=examples, steps=100)
     seconds, steps = time.perf_counter() - start, Unchecked.tally.steps
-    verdict = "pass" if unchecked.passed else f"FAIL ({unchecked.first_id}): the figure is not comparable"
+    verdict = "pass" if unchecked.passed else f"VIOLATION ({unchecked.first_id}): the figure is not comparable"
     rows.append(("cache machine, no audit, no refinement", f"{steps / seconds:,.0f} steps/s",
                  f"{steps:,} steps in {seconds:.1f} s, seed 0, {verdict}: what Hypothesis, the engine and the "
                  "machine's record cost"))

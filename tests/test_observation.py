@@ -118,7 +118,7 @@ def test_cli_runs_the_machine_of_the_adapters_protocol(tmp_path: Path, module: s
                            "--seeds", "1", "--examples", "100", "--repro-dir", str(tmp_path / "repro")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
-    assert re.search(rf"^mine\s+{level}\s.*\sFAIL\s+{first}\s", done.stdout, re.M), done.stdout
+    assert re.search(rf"^mine\s+{level}\s.*\sVIOLATION\s+{first}\s", done.stdout, re.M), done.stdout
     # a Scripted adapter at any level writes its finding as a file that fails alone with the same ID
     assert f"fails standalone with AssertionError: {first}" in done.stdout, done.stdout
     assert len(list((tmp_path / "repro").glob(f"mine_*_{first.lower().replace('-', '_')}.py"))) == 1
