@@ -119,7 +119,8 @@ def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input:
         return "its engine calls, as a file that runs alone: add --kvoracle-repro-dir DIR"
     result = found()
     if not reproducible(result):
-        return "no reproduction: the seed's campaign, run once more to find its program, found no engine calls to replay"
+        return ("no reproduction file: no engine calls to replay (the finding is the adapter's own, or the "
+                "campaign run again for its program found none)")
     assert result.violation is not None
     path, failure = write_reproduction(machine, result, Path(repro_dir), str(getattr(adapter, "name", "adapter")),
                                        campaign_of(result, bad_input))
