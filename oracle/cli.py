@@ -194,7 +194,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach
-          + small_campaign_hint(args, bad))
+          + small_campaign_hint(args, bad) + broken_reference_hint(bad))
     return 0 if not bad else 1
 
 
@@ -252,6 +252,16 @@ def small_campaign_hint(args: argparse.Namespace, bad: Sequence[Row]) -> str:
         return ""
     return (f"\n(a campaign smaller than the default --seeds {campaign.SEEDS} --examples {campaign.EXAMPLES} "
             f"--steps {campaign.STEPS} may not reach a mutant's bug)")
+
+
+def broken_reference_hint(bad: Sequence[Row]) -> str:
+    """Why a mutant's verdict may be WRONG-ID or a kill may come too soon: the reference
+    it is built on violates a property itself."""
+    broken = sorted({r.target.level for r in bad if r.target.mutant is None})
+    if not broken:
+        return ""
+    return (f"\n(the reference fails at the {' and '.join(broken)} level: each mutant of that level is the "
+            "reference with one change, so its row is judged on a broken base; mend the reference first)")
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ LIGHT = 20  # a file that takes less shares a run with others
 BATCH = 60  # seconds of short files in one run, at most
 
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) ([^\s:]+\.py)", re.M)  # pytest's short test summary
 
 
 @dataclass
@@ -91,6 +92,12 @@ class Outcome:
     def counts(self) -> Counter[str]:
         return Counter({"error" if kind.startswith("error") else kind: int(n)
                         for n, kind in COUNT.findall(self.summary)})
+
+    def failing(self) -> list[str]:
+        """The files of this run that pytest's short summary names as failed or in error;
+        all of them when it names none (the run itself broke)."""
+        named = {Path(m.group(1)).name for m in FAILED_LINE.finditer(self.output)}
+        return [f.name for f in self.files if f.name in named] or [f.name for f in self.files]
 
 
 def weight(run: list[Path]) -> int:
@@ -137,7 +144,7 @@ def run_all(runs: list[list[Path]], jobs: int, pytest_args: list[str]) -> list[O
 
 def report(outcomes: list[Outcome], started: float) -> int:
     total = sum((o.counts() for o in outcomes), Counter[str]())
-    failed = [f.name for o in outcomes if o.returncode for f in o.files]
+    failed = [name for o in outcomes if o.returncode for name in o.failing()]
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(total.items())) or "no tests ran"
     print(f"{counts} in {time.perf_counter() - started:.0f} s")
     if failed:

@@ -449,3 +449,18 @@ def test_a_reproduction_that_raises_something_else_confirms_no_valid_input_findi
     assert not confirms("AssertionError: VALID-INPUT: the engine raised ModuleNotFoundError(\"No module named 'x'\")",
                         "VALID-INPUT", finding)
     assert confirms("AssertionError: INV-CONSERVE: GPU block 2 is owned by nobody", "INV-CONSERVE", "INV-CONSERVE: x")
+
+
+def test_mutant_rows_on_a_broken_reference_say_the_base_is_broken() -> None:
+    """A bug in the reference is in every mutant built on it: their rows (WRONG-ID, a kill
+    too soon) are no verdict on the checks, and the summary says to mend the reference."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    def row(level: str, mutant: object) -> Any:
+        return SimpleNamespace(target=SimpleNamespace(level=level, mutant=mutant))
+
+    assert cli.broken_reference_hint([]) == ""
+    assert cli.broken_reference_hint(cast(Any, [row("cache", "double-free")])) == ""  # a mutant's row alone
+    said = cli.broken_reference_hint(cast(Any, [row("scheduler", None), row("scheduler", "self-preempt")]))
+    assert "the reference fails at the scheduler level" in said and "mend the reference first" in said
