@@ -15,7 +15,6 @@ options only, and no test unless --kvoracle-adapter is given.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +60,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     from kvoracle.oracle.engines import load_adapter, protocol_of
-    from kvoracle.oracle.isolation import Ended, in_child
-    from kvoracle.oracle.preflight import Built, preflight
+    from kvoracle.oracle.isolation import Ended
+    from kvoracle.oracle.preflight import Built, built_alone, preflight
 
     specs: list[str] = config.getoption("kvoracle_adapter")
     for spec in specs:
@@ -72,7 +71,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"--kvoracle-adapter {spec}: {e}") from None
         level = protocol_of(adapter)
         if config.getoption("kvoracle_isolated"):  # built in a child: the session's process stays as it was (CUDA)
-            answer = in_child(partial(preflight, adapter, watched=False))  # pytest watches nothing
+            answer = built_alone(adapter)  # watched as kvoracle check watches it: a hang is a usage error
             # an engine that ends the process as it is built: its test says so, with the program
             built = Built("", bool(getattr(adapter, "bad_inputs", None))) if isinstance(answer, Ended) else answer
         else:

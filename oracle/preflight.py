@@ -55,15 +55,21 @@ def preflight(adapter: type, watched: bool = True) -> Built:
 def preflight_alone(adapter: type) -> Built:
     """`preflight` in a child process: an adapter that ends it, or gives no sign of life
     (each call it starts is one) past the step timeout and its grace, is said to have."""
+    answer = built_alone(adapter)
+    if isinstance(answer, Ended):
+        return Built(f"ended its process while it was built and first observed: {answer}")
+    return answer
+
+
+def built_alone(adapter: type) -> Built | Ended:
+    """`preflight`, each call within the step timeout, in a child process that is killed
+    after the step timeout and its grace without a sign of life; or how that child ended."""
     from kvoracle.oracle.survival import quiet
 
     with tempfile.TemporaryDirectory(prefix="kvoracle-") as where:
         beat = Path(where) / "beat"
         beat.touch()  # the child is alive from its start: its silence counts from there
-        answer = in_child(partial(_beating, adapter, beat), beat, quiet())
-    if isinstance(answer, Ended):
-        return Built(f"ended its process while it was built and first observed: {answer}")
-    return answer
+        return in_child(partial(_beating, adapter, beat), beat, quiet())
 
 
 def _beating(adapter: type, beat: Path) -> Built:

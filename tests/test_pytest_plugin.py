@@ -75,6 +75,14 @@ class Unreachable(Fixed):
 
     def __init__(self):
         raise RuntimeError("cannot connect to the engine")
+
+
+class Stuck(Fixed):
+    name = "stuck"
+
+    def __init__(self):
+        import time
+        time.sleep(120)
 '''
 
 
@@ -103,6 +111,20 @@ def test_an_adapter_that_cannot_build_its_engine_is_a_usage_error(pytester: pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     result.stderr.fnmatch_lines([f"*--kvoracle-adapter {name}.py:Unreachable: the unreachable adapter could not "
                                  "build its engine: RuntimeError('cannot connect to the engine')"])
+
+
+def test_an_isolated_build_that_hangs_is_a_usage_error_not_a_session_that_waits(pytester: pytest.Pytester,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --kvoracle-isolated the adapter is built in a child watched as `kvoracle check`
+    watches it (the step timeout, 1 s here): it waited for ever."""
+    from kvoracle.oracle import watchdog
+
+    monkeypatch.setattr(watchdog, "LIMIT", [1.0])
+    pytester.makepyfile(plugin_stuck=adapters("plugin_stuck"))
+    result = pytester.runpytest_inprocess("--kvoracle-adapter", "plugin_stuck.py:Stuck", "--kvoracle-isolated", *QUIET)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*--kvoracle-adapter plugin_stuck.py:Stuck: the stuck adapter did not build its "
+                                 "engine*"])
 
 
 @pytest.mark.parametrize("flag, value", [("--kvoracle-steps", "0"), ("--kvoracle-examples", "0"),
