@@ -110,7 +110,7 @@ def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input:
     did run alone; without a directory, how to get one. None: nothing to write."""
     from kvoracle.oracle.campaign import reproducible
     from kvoracle.oracle.engine import Scripted
-    from kvoracle.oracle.findings import campaign_of, standalone, write_reproduction
+    from kvoracle.oracle.findings import campaign_suffix, standalone, write_reproduction
 
     if not issubclass(adapter, Scripted):
         return None
@@ -122,7 +122,7 @@ def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input:
                 "campaign run again for its program found none)")
     assert result.violation is not None
     path, failure = write_reproduction(machine, result, Path(repro_dir), str(getattr(adapter, "name", "adapter")),
-                                       campaign_of(result, bad_input))
+                                       campaign_suffix(result, bad_input))
     return standalone(path, failure, result.first_id, str(result.violation)).strip()
 
 

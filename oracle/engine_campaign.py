@@ -12,7 +12,7 @@ from pathlib import Path
 from kvoracle.oracle.campaign import RunResult, counts, reproducible
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
-from kvoracle.oracle.findings import campaign_of, confirms, write_reproduction
+from kvoracle.oracle.findings import campaign_suffix, confirms, write_reproduction
 from kvoracle.oracle.report import columns
 from kvoracle.oracle.survival import run_seeds_alone
 from kvoracle.oracle.violations import Baseline
@@ -61,7 +61,7 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     row = EngineRow(name, tally, result, time.perf_counter() - start)
     if not reproducible(result):
         return row
-    path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign_of(result, bad_input))
+    path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign_suffix(result, bad_input))
     return EngineRow(name, tally, result, row.seconds, path, failure)
 
 

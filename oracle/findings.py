@@ -184,7 +184,7 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
     ])
 
 
-def campaign_of(result: RunResult, bad_input: bool) -> str:
+def campaign_suffix(result: RunResult, bad_input: bool) -> str:
     """The part of a reproduction's name that tells the bad-input campaign's finding of a
     valid call from the valid-input campaign's (a bad call's step names itself)."""
     assert result.violation is not None
