@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from kvoracle.oracle.engine import Observation, view_of
+from kvoracle.oracle.unchecked import observation_gaps
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec.invariants import Violation
 from kvoracle.spec.view import View
@@ -343,7 +344,8 @@ class ObserverBase:
 
 
 # The optional parts without which something goes unchecked, and what (a summary's
-# `not checked:` lines, when every observer of the session lacks the part).
+# `not checked:` lines, with the observation's missing fields (unchecked.NEEDS), when every
+# observer of the session leaves it unchecked).
 WITHOUT: tuple[tuple[str, str], ...] = (
     ("exiting", "LIVE-EXIT (the observer has no exiting(): which call ends which request), so a request's "
                 "exit that keeps its blocks passes while it looks live"),
@@ -397,7 +399,8 @@ class Tally:
     steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
     watching: list[str] = field(default_factory=list)  # the engine classes it attaches to, "module:Class"
     unfound: list[str] = field(default_factory=list)  # of those, the ones their module, once imported, lacks
-    lacking: dict[str, frozenset[str]] = field(default_factory=dict)  # observer -> the optional parts it lacks
+    # observer -> what it leaves unchecked: the optional parts it lacks (WITHOUT), the fields its observation leaves out
+    unchecked: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def unwatched(self) -> list[str]:
@@ -433,8 +436,9 @@ class Tally:
         lines += [f"not watched: {why}" for why in self.unfound]
         if self.engines == 0 and self.watching:
             lines.append(f"watched nothing: no {' or '.join(dict.fromkeys(self.watching))} object was created")
-        lines += [f"not checked: {what}" for part, what in WITHOUT if self.lacking
-                  and all(part in lacks for lacks in self.lacking.values())]
+        gaps = list(self.unchecked.values())
+        lines += [f"not checked: {what}" for what in dict.fromkeys(gaps[0] if gaps else ())
+                  if all(what in g for g in gaps)]
         return "\n".join(lines)
 
 
@@ -536,8 +540,6 @@ class Shadow:
         self.report_dir = Path(report_dir or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "kvoracle-shadow")
         self.own = Tally()
         self.tallies = [self.own] if tally is None or tally is self.own else [self.own, tally]
-        for t in self.tallies:
-            t.lacking[observer.engine] = lacking(type(observer))
         self._count("engines")
         self.alarms: list[Alarm] = []  # this object's
         self.seen: set[tuple[str, str]] = set()
@@ -556,6 +558,10 @@ class Shadow:
         if self._rebuild is None and script_limit:
             self._script.broken = f"the {observer.engine} observer cannot rebuild this engine"
         self._ids = observer.ids()
+        none: list[str] = []
+        gaps = self._safely(lambda: observation_gaps({"GPU": observer.observe()}), none)
+        for t in self.tallies:
+            t.unchecked[observer.engine] = (*(what for part, what in WITHOUT if part in lacking(type(observer))), *gaps)
         if not self._script.broken and not self._safely(self._fresh, False):
             self._script.broken = "shadow attached to an engine already in use (a replay starts from a fresh one)"
         self._reports = 0

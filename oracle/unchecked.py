@@ -4,9 +4,10 @@ out. `kvoracle check` prints them under the table, so a pass says how much it co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from kvoracle.oracle.engine import Op
+from kvoracle.oracle.engine import Observation, Op
 
 # Without `cached`, a used block no table or transfer holds may be the cache's: a leak passes
 LEAKS_UNSEEN = ("INV-CONSERVE's and LIVE-EXIT's owner of each used block, so a leaked block (held by "
@@ -43,16 +44,24 @@ def unchecked(adapter: Any) -> list[str]:
     seen = {"GPU": adapter.observe()}
     if hasattr(adapter, "observe_cpu"):
         seen["CPU"] = adapter.observe_cpu()
-    for field, what, tiers in NEEDS:
-        missing = [t for t in tiers if t in seen and getattr(seen[t], field) is None]
-        if missing:
-            gaps.append(f"{what}: no `{field}` in the {' and '.join(missing)} observation")
+    gaps += observation_gaps(seen)
     if Op.EVICT not in getattr(adapter, "operations", {Op.EVICT}):  # the engine machine's drain (engine_machine.drain)
         gaps.append("LIVE-DRAIN's eviction: the adapter drives none (no Op.EVICT), so the drain counts the cached "
                     "blocks nobody holds as freed" if seen["GPU"].cached is not None else
                     "LIVE-DRAIN: the adapter drives no eviction (no Op.EVICT) and observes no `cached`")
     if not any(o.counters for o in seen.values()):
         gaps.append("INV-COUNTERS: no kept counters")
+    return gaps
+
+
+def observation_gaps(seen: Mapping[str, Observation]) -> list[str]:
+    """One line per field these observations (tier -> observation) leave out, saying what
+    its absence leaves unchecked (shared by `kvoracle check` and shadow mode's summary)."""
+    gaps = []
+    for field, what, tiers in NEEDS:
+        missing = [t for t in tiers if t in seen and getattr(seen[t], field) is None]
+        if missing:
+            gaps.append(f"{what}: no `{field}` in the {' and '.join(missing)} observation")
     return gaps
 
 

@@ -469,6 +469,25 @@ def test_an_observer_names_the_checks_its_missing_parts_leave_out() -> None:
     assert "not checked: LIVE-EXIT (the observer has no exiting()" in bare, bare
 
 
+def test_an_observation_without_cached_says_leaks_pass() -> None:
+    class NoCached(ToyObserver):
+        def observe(self) -> Observation:
+            return replace(super().observe(), cached=None)
+
+    def leaked(observer: type[ToyObserver]) -> str:
+        engine = ToyEngine(blocks=6, block_size=2)
+        seen = shadow.attach(engine, observer, mode="record")
+        engine.admit("r0", [1, 2, 3])
+        engine.tables["r0"].pop()  # its private block leaked: nobody holds it, and it is not cached
+        seen.audit()
+        return seen.summary()
+
+    blind, seeing = leaked(NoCached), leaked(ToyObserver)
+    assert "0 alarm(s)" in blind and "not checked: INV-CONSERVE's and LIVE-EXIT's owner of each used block" in blind
+    assert "no `cached` in the GPU observation" in blind, blind
+    assert "INV-CONSERVE" in seeing and "`cached`" not in seeing, seeing
+
+
 def test_not_watched_names_only_a_package_missing_when_the_summary_is_made() -> None:
     tally = shadow.Tally(engines=1, watching=["kvoracle_absent_engine.core", "toy_engine", "json.decoder", "json.decoder"])
     assert tally.unwatched == ["kvoracle_absent_engine.core"]
