@@ -108,7 +108,6 @@ def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input:
     """What a finding's note says of its engine calls (a Scripted adapter's): the
     reproduction file of the finding `found` gives, written into `repro_dir`, and what it
     did run alone; without a directory, how to get one. None: nothing to write."""
-    from kvoracle.oracle.campaign import reproducible
     from kvoracle.oracle.engine import Scripted
     from kvoracle.oracle.findings import campaign_suffix, standalone, write_reproduction
 
@@ -117,12 +116,13 @@ def reproduction(machine: type[RuleBasedStateMachine], adapter: type, bad_input:
     if repro_dir is None:
         return "its engine calls, as a file that runs alone: add --kvoracle-repro-dir DIR"
     result = found()
-    if not reproducible(result):
+    written = write_reproduction(machine, result, Path(repro_dir), str(getattr(adapter, "name", "adapter")),
+                                 campaign_suffix(result, bad_input))
+    if written is None:
         return ("no reproduction file: no engine calls to replay (the finding is the adapter's own, or the "
                 "campaign run again for its program found none)")
+    path, failure = written
     assert result.violation is not None
-    path, failure = write_reproduction(machine, result, Path(repro_dir), str(getattr(adapter, "name", "adapter")),
-                                       campaign_suffix(result, bad_input))
     return standalone(path, failure, result.first_id, str(result.violation)).strip()
 
 

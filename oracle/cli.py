@@ -15,7 +15,7 @@ from contextlib import closing
 from functools import partial
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, TextIO, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
 
 from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_backend, make_pool
 from kvoracle.oracle import campaign
@@ -439,10 +439,13 @@ def print_unchecked(gaps: Sequence[str]) -> None:
 
 def reproduce(row: Row, repro_dir: Path) -> None:
     """The row's finding as a standalone file, run once to say whether it fails alone."""
-    if row.result is None or not campaign.reproducible(row.result):
+    if row.result is None:
         return
     use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
-    path, failure = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
+    written = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
+    if written is None:
+        return
+    path, failure = written
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id, str(row.result.violation))}")
 
 
@@ -754,13 +757,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     except CompileError as e:
         print(f"kvoracle prove --compiled: {e}", file=sys.stderr)
         return 2
-    print(obligation_runs(rows))
-    details: dict[tuple[str, str], list[str]] = {}  # a run's detail is its every row's
-    for r in rows:
-        if r.detail and (not r.ok or args.show):
-            details.setdefault((r.method, r.detail), []).append(r.property_id)
-    for (method, detail), ids in details.items():
-        print(f"\n{' '.join(ids)} / {method}: {detail}")
+    print(obligation_runs(rows, args.show))
     missing = [] if args.no_crosshair else uncovered(rows)
     failed = [r for r in rows if not r.ok]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold; "
@@ -769,19 +766,35 @@ def cmd_prove(args: argparse.Namespace) -> int:
     return 0 if not failed and not missing else 1
 
 
-def obligation_runs(rows: Sequence[ObligationRow]) -> str:
+def obligation_runs(rows: Sequence[ObligationRow], show: bool = False) -> str:
     """`kvoracle prove`'s rows, one paragraph per run (method, scope, what it explored and
-    its time): the IDs under each verdict it gave, wrapped to the width of a terminal."""
-    runs: dict[tuple[str, str, str, float], dict[str, list[str]]] = {}
+    its time): the IDs under each verdict it gave, wrapped to the width of a terminal, then
+    the run's detail (a trace) once, if it failed or `show`."""
+    runs: dict[tuple[str, str, str, float], list[ObligationRow]] = {}
     for r in rows:
-        runs.setdefault((r.method, r.scope, r.explored, r.seconds), {}).setdefault(r.verdict, []).append(r.property_id)
+        runs.setdefault((r.method, r.scope, r.explored, r.seconds), []).append(r)
     out = []
-    for (method, scope, explored, seconds), verdicts in runs.items():
+    for (method, scope, explored, seconds), members in runs.items():
         out.append(f"{method}, {scope}: {explored}; {seconds:.1f} s")
-        for verdict, ids in verdicts.items():
-            out.append(textwrap.fill(" ".join(ids), width=100, initial_indent=f"  {verdict}: ",
-                                     subsequent_indent=" " * (len(verdict) + 4), break_on_hyphens=False))
+        for verdict, ids in _ids_by(members, lambda r: r.verdict, lambda r: True).items():
+            out.append(_wrapped(f"  {verdict}: ", ids))
+        for detail, ids in _ids_by(members, lambda r: r.detail, lambda r: bool(r.detail and (show or not r.ok))).items():
+            out += [_wrapped("  detail of ", ids) + ":", textwrap.indent(detail, "    ")]
     return "\n".join(out)
+
+
+def _ids_by(rows: Sequence[ObligationRow], key: Callable[[ObligationRow], str],
+            wanted: Callable[[ObligationRow], bool]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for r in rows:
+        if wanted(r):
+            grouped.setdefault(key(r), []).append(r.property_id)
+    return grouped
+
+
+def _wrapped(lead: str, ids: Sequence[str]) -> str:
+    return textwrap.fill(" ".join(ids), width=100, initial_indent=lead, subsequent_indent=" " * len(lead),
+                         break_on_hyphens=False)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvoracle.oracle.campaign import RunResult, counts, reproducible
+from kvoracle.oracle.campaign import RunResult, counts
 from kvoracle.oracle.engine import BadInput, EngineAdapter
 from kvoracle.oracle.engine_machine import EngineMachine, EngineTally
 from kvoracle.oracle.findings import campaign_suffix, confirms, write_reproduction
@@ -59,10 +59,8 @@ def run_engine(adapter: type[EngineAdapter], bad_input: bool, seeds: Sequence[in
     name = adapter.name + (" +bad input" if bad_input else "")
     result, tally = run_seeds_alone(machine, seeds, examples=examples, steps=steps, baseline=baseline, label=name)
     row = EngineRow(name, tally, result, time.perf_counter() - start)
-    if not reproducible(result):
-        return row
-    path, failure = write_reproduction(machine, result, repro_dir, adapter.name, campaign_suffix(result, bad_input))
-    return EngineRow(name, tally, result, row.seconds, path, failure)
+    written = write_reproduction(machine, result, repro_dir, adapter.name, campaign_suffix(result, bad_input))
+    return row if written is None else EngineRow(name, tally, result, row.seconds, *written)
 
 
 def engine_table(rows: Sequence[EngineRow]) -> str:

@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from kvoracle.oracle.cache_machine import CacheMachine
 from kvoracle.oracle.cache_machine import next_record as cache_record
 from kvoracle.oracle import isolation, threads, watchdog
-from kvoracle.oracle.campaign import RunResult, replay
+from kvoracle.oracle.campaign import RunResult, replay, reproducible
 from kvoracle.oracle.engine import BadInput, Observation, Scripted, scheduler_view, view_of
 from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.isolation import Ended
@@ -187,14 +187,17 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
 def campaign_suffix(result: RunResult, bad_input: bool) -> str:
     """The part of a reproduction's name that tells the bad-input campaign's finding of a
     valid call from the valid-input campaign's (a bad call's step names itself)."""
-    assert result.violation is not None
-    return "_bad_input" if bad_input and not result.violation.step.startswith("bad_input") else ""
+    found = result.violation
+    return "_bad_input" if bad_input and found is not None and not found.step.startswith("bad_input") else ""
 
 
 def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, repro_dir: Path, engine: str,
-                       campaign: str = "") -> tuple[Path, str]:
+                       campaign: str = "") -> tuple[Path, str] | None:
     """Write the reproduction of a campaign's finding into `repro_dir` as
-    <engine><campaign>_<step>_<id>.py and run it once: the path, and what it failed with."""
+    <engine><campaign>_<step>_<id>.py and run it once: the path, and what it failed with;
+    None when the result has no engine calls to replay (`reproducible`)."""
+    if not reproducible(result):
+        return None
     assert result.violation is not None
     step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
     name = f"{engine}{campaign}_{step}_{result.first_id.lower().replace('-', '_')}.py"

@@ -67,7 +67,9 @@ def test_mutant_is_killed_and_its_reproduction_fails_only_with_the_bug(mutant: M
     print("\n".join(f"  {i}. {step}" for i, step in enumerate(shown(result), 1)))
     assert 1 <= len(result.counterexample) <= MAX_STEPS.get(mutant.name, 20)
 
-    path, failure = write_reproduction(Target(mutant.name, mutant.level, mutant).machine(), result, tmp_path, mutant.name)
+    written = write_reproduction(Target(mutant.name, mutant.level, mutant).machine(), result, tmp_path, mutant.name)
+    assert written is not None, f"{mutant.name}'s finding has no engine calls to replay"
+    path, failure = written
     assert confirms(failure, result.first_id), f"{path.name}: {failure or 'it passes'}"
     text = path.read_text()
     fixed = re.sub(r"^from kvoracle\.oracle\.mutants import \w+ as (Cache|Scheduler)$",

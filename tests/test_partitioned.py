@@ -107,7 +107,11 @@ def test_prove_prints_each_run_once_with_the_ids_under_each_verdict() -> None:
             Row("INV-CONTENT", "Hypothesis", "scheduler machine", "5 steps", 1.0, "holds", True)]
     assert obligation_runs(rows).splitlines() == [
         "model check, G6 C2 S R2x2/2 A2: 9 states; 0.2 s", "  VIOLATED: INV-PIN", "  not reached: INV-TREE INV-TIER",
+        "  detail of INV-PIN INV-TREE INV-TIER:", "    trace",
         "Hypothesis, scheduler machine: 5 steps; 1.0 s", "  holds: INV-CONTENT"]
+    rows[-1] = Row("INV-CONTENT", "Hypothesis", "scheduler machine", "5 steps", 1.0, "holds", True, "20 programs")
+    assert obligation_runs(rows).splitlines()[-1] == "  holds: INV-CONTENT"  # a holding run's detail: only with --show
+    assert obligation_runs(rows, show=True).splitlines()[-2:] == ["  detail of INV-CONTENT:", "    20 programs"]
 
 
 class Dies:
