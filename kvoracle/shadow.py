@@ -414,7 +414,9 @@ class Tally:
         not there (not installed, or misnamed)."""
         return self.engines == 0 and bool(self.unwatched or self.unfound)
 
-    def summary(self, engine: str = "", alarms: int = 20) -> str:
+    def summary(self, engine: str = "", alarms: int = 20, shown: Collection[int] = ()) -> str:
+        """The summary; an alarm whose id() is in `shown` (already printed with its uncaught
+        ShadowAlarm) is named in one line."""
         head = (f"kvoracle shadow{' (' + engine + ')' if engine else ''}: {self.engines} engine object(s), "
                 f"{self.calls} calls, {self.checked} checked ({self.incremental} incrementally), "
                 f"{self.full} full checks, " + (f"{self.steps} scheduling steps, " if self.steps else "")
@@ -423,7 +425,8 @@ class Tally:
         if self.by_id:
             lines.append("alarms by ID: " + ", ".join(f"{k} {n}" for k, n in sorted(self.by_id.items())))
         for a in self.alarms[:alarms]:
-            lines.append(a.report())
+            lines.append(f"{a.id} after call #{a.after.seq}: shown above, with the ShadowAlarm that ended the program"
+                         if id(a) in shown else a.report())
         if len(self.alarms) > alarms:
             lines.append(f"... and {len(self.alarms) - alarms} more")
         if self.unconfirmed:
@@ -1207,12 +1210,20 @@ def install_from_env(environ: Mapping[str, str] | None = None) -> Tally | None:
         return None
     engines, mode = _parse_env(value)
     tally, insts, name = install_all(engines, mode=mode)
+    shown: set[int] = set()  # the alarms an uncaught ShadowAlarm printed (before atexit runs)
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+        if isinstance(value, ShadowAlarm):
+            shown.update(map(id, value.alarms))
+        previous(kind, value, tb)
 
     def at_exit() -> None:
         for inst in insts:
             inst.audit()
-        print(tally.summary(name), file=sys.stderr)
+        print(tally.summary(name, shown=shown), file=sys.stderr)
 
+    sys.excepthook = hook
     atexit.register(at_exit)
     return tally
 

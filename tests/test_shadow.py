@@ -373,6 +373,15 @@ def test_environment_variable_attaches_in_a_process_we_do_not_write(tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "served" not in done.stdout
+    # the uncaught alarm's reports are printed once, with its traceback; the exit summary names them
+    raised, _, summary = done.stderr.partition("kvoracle shadow (toy):")
+    assert "  history: " in raised and "  history: " not in summary, done.stderr[-3000:]
+    assert "INV-NO-UAF after call #5: shown above, with the ShadowAlarm" in summary, summary
+    script.write_text(TOY_TESTS + "\ntry:\n    test_the_planted_bug()\nexcept AssertionError:\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    summary = done.stderr.partition("kvoracle shadow (toy):")[2]
+    assert done.returncode == 0 and "  history: " in summary, done.stderr[-3000:]  # swallowed: reported in full
 
 
 
