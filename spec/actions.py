@@ -31,8 +31,10 @@ from kvoracle.spec.state import (
     SwapOut,
     Transfer,
     cpu_evictable,
+    cpu_unevictable,
     evictable_nodes,
     gpu_evictable,
+    gpu_unevictable,
 )
 from kvoracle.spec.types import (
     BlockHash,
@@ -369,8 +371,13 @@ def evict(s: CacheState, steps: Sequence[EvictStep]) -> CacheState:
     heaps settle after each step (a parent may become evictable within the same call).
     All swaps of one call form one transfer."""
     swaps: list[tuple[BlockHash, GpuBlock, CpuBlock]] = []
-    for step in steps:
-        s = settle(_evict_one(s, step, swaps))
+    for i, step in enumerate(steps, 1):
+        try:
+            s = settle(_evict_one(s, step, swaps))
+        except PreconditionError as e:
+            if len(steps) == 1:
+                raise
+            raise PreconditionError(e.action, f"step {i} of {len(steps)}: {e.reason}") from None
     return settle(_new_transfer(s, SwapOut(tuple(swaps)))) if swaps else s
 
 
@@ -384,10 +391,9 @@ def _evict_one(s: CacheState, step: EvictStep, swaps: list[tuple[BlockHash, GpuB
     if isinstance(step, SkipStale):
         evictable = cpu_evictable(s, h) if on_cpu else gpu_evictable(s, h)
         require(not evictable, a, f"node {h:#x} is evictable: its entry is not stale")
-    elif isinstance(step, EvictCpu):
-        require(cpu_evictable(s, h), a, f"node {h:#x} is not evictable on CPU")
     else:
-        require(gpu_evictable(s, h), a, f"node {h:#x} is not evictable on GPU")
+        why = cpu_unevictable(s, h) if isinstance(step, EvictCpu) else gpu_unevictable(s, h)
+        require(not why, a, f"node {h:#x} is not evictable on {'CPU' if isinstance(step, EvictCpu) else 'GPU'}: {why}")
     popped = replace(s, cpu_heap=_popped(heap, h)) if on_cpu else replace(s, gpu_heap=_popped(heap, h))
     if isinstance(step, SkipStale):
         return popped

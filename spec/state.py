@@ -170,20 +170,36 @@ def children(s: CacheState, h: BlockHash | None) -> list[BlockHash]:
 
 def gpu_evictable(s: CacheState, h: BlockHash) -> bool:
     """On GPU, refcount 0, no child on the GPU side, not pinned."""
+    return not gpu_unevictable(s, h)
+
+
+def gpu_unevictable(s: CacheState, h: BlockHash) -> str:
+    """Why node h is not evictable on the GPU (gpu_evictable's definition); '' when it is."""
     n = s.nodes[h]
-    if not isinstance(n.tier, OnGpu) or n.refcount != 0:
-        return False
+    if not isinstance(n.tier, OnGpu):
+        return f"it is {type(n.tier).__name__}, not OnGpu"
+    if n.refcount != 0:
+        return f"its refcount is {n.refcount}"
     if s.gpu_pins.get(n.tier.gpu, 0):
-        return False
-    return not any(gpu_side(s.nodes[c].tier) for c in children(s, h))
+        return f"a transfer reads its GPU block {n.tier.gpu}"
+    child = next((c for c in children(s, h) if gpu_side(s.nodes[c].tier)), None)
+    return "" if child is None else f"its child {child:#x} is on the GPU side"
 
 
 def cpu_evictable(s: CacheState, h: BlockHash) -> bool:
     """On CPU, no children, not pinned."""
+    return not cpu_unevictable(s, h)
+
+
+def cpu_unevictable(s: CacheState, h: BlockHash) -> str:
+    """Why node h is not evictable on the CPU (cpu_evictable's definition); '' when it is."""
     n = s.nodes[h]
-    if not isinstance(n.tier, OnCpu) or s.cpu_pins.get(n.tier.cpu, 0):
-        return False
-    return not children(s, h)
+    if not isinstance(n.tier, OnCpu):
+        return f"it is {type(n.tier).__name__}, not OnCpu"
+    if s.cpu_pins.get(n.tier.cpu, 0):
+        return f"a transfer reads its CPU block {n.tier.cpu}"
+    child = next(iter(children(s, h)), None)
+    return "" if child is None else f"it has a child, {child:#x}"
 
 
 def evictable_nodes(s: CacheState) -> tuple[list[BlockHash], list[BlockHash]]:
