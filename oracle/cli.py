@@ -164,6 +164,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvoracle check: {problem}", file=sys.stderr)
         return 2
+    if args.record:  # seconds, where the campaign takes minutes: the trace is there first
+        if not record_trace(args.record, args.record_events, args.seed, args.record_level, args.mutant):
+            return 2
+        if args.record_only:
+            return 0
     targets = all_targets()
     if args.mutant:
         level = next(t.level for t in targets if t.name == args.mutant)
@@ -187,9 +192,6 @@ def cmd_check(args: argparse.Namespace) -> int:
             reproduce(row, Path(args.repro_dir))
     if args.json:
         write_json(args.json, rows)
-    if args.record:
-        if not record_trace(args.record, args.record_events, args.seed, args.record_level, args.mutant):
-            return 2
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
@@ -210,6 +212,8 @@ def check_problem(args: argparse.Namespace) -> str:
     level = levels.get(args.mutant or "")
     if level and args.level not in ("all", level):
         return f"{args.mutant} is a {level}-level mutant; use --level {level} (or leave --level out)"
+    if args.record_only and not args.record:
+        return "--record-only needs --record FILE"
     if level and args.record and args.record_level != level:
         return f"--record: {args.mutant} is a {level}-level mutant; use --record-level {level}"
     if args.coverage_report and (args.no_coverage or importlib.util.find_spec("coverage") is None):
@@ -665,10 +669,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
 
 def cmd_check_trace(args: argparse.Namespace) -> int:
-    from kvoracle.oracle.trace import TraceFormatError, check_trace, read_lines
+    from kvoracle.oracle.trace import TraceFormatError, check_trace, decimal_hashes, read_lines
 
     try:
-        with open(args.file, encoding="utf-8") as f:
+        with open(args.file, "rb") as f:  # decoded line by line: an undecodable one is named
             report = check_trace(read_lines(f))
     except OSError as e:
         print(f"kvoracle check-trace: cannot read {args.file}: {e.strerror}", file=sys.stderr)
@@ -678,11 +682,18 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
         return 2
     if report.passed:
         print(f"{args.file}: {report.events} events, no violation")
+        if report.unfinished:
+            print(f"note: {report.unfinished}")
+        for gap in report.unchecked:
+            print(f"not checked: {gap}")
         return 0
     print(f"{args.file}: first violation at line {report.line}, after {report.events} "
           f"event{'' if report.events == 1 else 's'}:")
     for v in report.violations[:8]:
         print(f"  {v}")
+    named = decimal_hashes(report.violations[:8])
+    if named:
+        print(f"  (the trace writes these hashes in decimal: {named})")
     print(f"\nthe shortest prefix that shows it ({len(report.prefix)} lines):")
     for i, line in enumerate(report.prefix, 1):
         print(f"  {i:>4}  {line if len(line) <= 160 else line[:157] + '...'}")
@@ -874,6 +885,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--record-level", choices=("cache", "scheduler"), default="cache",
                    help="the recorded trace's level (default cache): scheduler records the reference scheduler, "
                         "each scheduling step between schedule and scheduled lines")
+    c.add_argument("--record-only", action="store_true",
+                   help="with --record: write the trace (seconds) and exit, without the campaign")
     c.set_defaults(func=cmd_check)
     t = sub.add_parser("check-trace", help="check a JSON Lines trace of an engine against the specification",
                        description="Replays each event of the trace as a spec action with the engine's choices, "

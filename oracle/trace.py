@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Mapping, TextIO, TypeGuard, cast
 
 from kvoracle.kvcache.abstraction import abstract, kept_counters
@@ -88,6 +90,8 @@ class TraceReport:
     violations: list[Violation]
     line: int  # the line of the first violating event (0: none)
     prefix: list[str]  # the trace up to and including that line
+    unfinished: str = ""  # of a trace that passed: what it leaves unjudged by ending mid-run (`unfinished`)
+    unchecked: tuple[str, ...] = ()  # of a trace that passed: the properties it carries nothing for (`unreported`)
 
     @property
     def passed(self) -> bool:
@@ -95,6 +99,62 @@ class TraceReport:
 
 
 # --- decoding -----------------------------------------------------------------------------------
+
+# Each op's fields: (required, optional). Every event may also carry `observe`, and any field
+# whose name starts with "_" (the engine's own note: a timestamp, a step number) is ignored;
+# any other field is a format error, so that a misspelt one (`obsreve`) is not silently
+# ignored along with what it would have checked.
+Fields = tuple[frozenset[str], frozenset[str]]
+
+
+def _fields(required: str = "", optional: str = "") -> Fields:
+    return frozenset(required.split()), frozenset(optional.split())
+
+
+SHARED_FIELDS = {"evict": _fields("steps"), "complete": _fields("transfer outcome"), "reset": _fields()}
+CACHE_FIELDS = {
+    "match": _fields("request", "hashes swap_dests prefetch_dests limit"),
+    "allocate": _fields("request blocks"),
+    "commit": _fields("request hashes"),
+    "release": _fields("request", "writes"),
+    **SHARED_FIELDS,
+}
+SCHEDULER_FIELDS = {
+    "submit": _fields("request tokens"),
+    "admit": _fields("request", "swap_dests prefetch_dests"),
+    "prefill": _fields("request tokens", "blocks"),
+    "decode": _fields("request token", "blocks"),
+    "insert": _fields("request blocks"),
+    "exit": _fields("request to", "writes"),
+    "tick": _fields("", "ticks"),
+    **SHARED_FIELDS,
+}
+OBSERVED = frozenset("gpu_free cpu_free refcounts gpu_findable cpu_findable gpu_flagged cpu_flagged counters".split())
+CACHE_HEADER = _fields("format version gpu_blocks cpu_blocks", "level")
+SCHEDULER_HEADER = _fields("format version level gpu_blocks cpu_blocks block_size timeout", "reserve")
+MOST_BLOCKS = 1 << 22  # per tier: the replay holds every block, and each event's check walks them
+
+
+def _checked(obj: Mapping[str, object], fields: Fields, line: int, what: str, also: frozenset[str] = frozenset()) -> None:
+    """A format error naming the missing fields of `obj` and those it should not have."""
+    required, optional = fields
+    missing = sorted(required - obj.keys())
+    if missing:
+        raise TraceFormatError(line, f"{what} lacks {', '.join(missing)}")
+    unknown = sorted(k for k in obj.keys() - required - optional - also if not k.startswith("_"))
+    if unknown:
+        known = ", ".join(sorted(required | optional | also))
+        raise TraceFormatError(line, f"{what} has no field {', '.join(map(repr, unknown))} (its fields: {known}; "
+                                     "an engine's own notes go in fields whose names start with _)")
+
+
+def _event_fields(ev: Json, line: int, table: Mapping[str, Fields], level: str) -> str:
+    """The event's op, once its fields are those the op takes."""
+    op = ev.get("op")
+    if not isinstance(op, str) or op not in table:
+        raise TraceFormatError(line, f"unknown op {op!r} for a {level}-level trace")
+    _checked(ev, table[op], line, f"this {op} event", also=frozenset({"op", "observe"}))
+    return op
 
 
 def _is_int(x: object) -> TypeGuard[int]:
@@ -130,7 +190,7 @@ def outcome_json(o: Outcome) -> object:
 
 def step_of(x: object, line: int) -> EvictStep:
     if isinstance(x, list) and len(x) == 3 and x[0] == "swap_out":
-        return SwapOutTo(BlockHash(_int(x[1], line, "node")), CpuBlock(_int(x[2], line, "cpu block")))
+        return SwapOutTo(BlockHash(_int(x[1], line, "node")), CpuBlock(_int(x[2], line, "cpu block", least=0)))
     if isinstance(x, list) and len(x) == 3 and x[0] == "stale" and x[2] in ("gpu", "cpu"):
         return SkipStale(BlockHash(_int(x[1], line, "node")), Tier(x[2]))
     if isinstance(x, list) and len(x) == 2 and x[0] in ("drop", "evict_cpu"):
@@ -151,14 +211,14 @@ def _writes(ev: Json, line: int) -> tuple[tuple[BlockHash, GpuBlock], ...]:
     pairs = ev.get("writes", [])
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
         raise TraceFormatError(line, "writes must be a list of [hash, block] pairs")
-    return tuple((BlockHash(_int(p[0], line, "hash")), GpuBlock(_int(p[1], line, "block"))) for p in pairs)
+    return tuple((BlockHash(_int(p[0], line, "hash")), GpuBlock(_int(p[1], line, "block", least=0))) for p in pairs)
 
 
 def _blocks(ev: Json, key: str, line: int) -> tuple[GpuBlock, ...]:
-    return tuple(GpuBlock(g) for g in _ints(ev.get(key, []), line, key))
+    return tuple(GpuBlock(_int(g, line, f"a block of {key}", least=0)) for g in _ints(ev.get(key, []), line, key))
 
 
-def _shared_event(op: object, ev: Json, line: int) -> Evict | Complete | Reset | None:
+def _shared_event(op: str, ev: Json, line: int) -> Evict | Complete | Reset | None:
     """An event both levels have."""
     if op == "evict":
         steps = ev.get("steps")
@@ -174,23 +234,21 @@ def _shared_event(op: object, ev: Json, line: int) -> Evict | Complete | Reset |
 
 def cache_event(ev: Json, line: int) -> CacheEvent:
     """The cache action a cache-level event names, with the engine's choices."""
-    op = ev.get("op")
+    op = _event_fields(ev, line, CACHE_FIELDS, "cache")
     shared = _shared_event(op, ev, line)
     if shared is not None:
         return shared
-    r = RequestId(_int(ev.get("request", -1), line, "request"))
+    r = RequestId(_int(ev["request"], line, "request"))
     hashes = tuple(BlockHash(h) for h in _ints(ev.get("hashes", []), line, "hashes"))
     if op == "match":
         limit = ev.get("limit")
         return Match(r, hashes, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line),
-                     None if limit is None else _int(limit, line, "limit"))
+                     None if limit is None else _int(limit, line, "limit", least=0))
     if op == "allocate":
         return Allocate(r, _blocks(ev, "blocks", line))
     if op == "commit":
         return Commit(r, hashes)
-    if op == "release":
-        return Release(r, _writes(ev, line))
-    raise TraceFormatError(line, f"unknown op {op!r} for a cache-level trace")
+    return Release(r, _writes(ev, line))
 
 
 EXIT_STATUS = {"finished": Status.FINISHED, "aborted": Status.ABORTED, "preempted": Status.PREEMPTED}
@@ -198,13 +256,13 @@ EXIT_STATUS = {"finished": Status.FINISHED, "aborted": Status.ABORTED, "preempte
 
 def system_event(ev: Json, line: int) -> Event:
     """The system action a scheduler-level event names, with the engine's choices."""
-    op = ev.get("op")
+    op = _event_fields(ev, line, SCHEDULER_FIELDS, "scheduler")
     shared = _shared_event(op, ev, line)
     if shared is not None:
         return shared
     if op == "tick":
         return Tick(_int(ev.get("ticks", 1), line, "ticks", least=0))
-    r = RequestId(_int(ev.get("request", -1), line, "request"))
+    r = RequestId(_int(ev["request"], line, "request"))
     if op == "submit":
         return Submit(r, tuple(_ints(ev.get("tokens"), line, "tokens")))
     if op == "admit":
@@ -220,7 +278,7 @@ def system_event(ev: Json, line: int) -> Event:
         if not isinstance(to, str) or to not in EXIT_STATUS:
             raise TraceFormatError(line, f"exit to {to!r}: one of {', '.join(EXIT_STATUS)}")
         return Exit(r, EXIT_STATUS[to], _writes(ev, line))
-    raise TraceFormatError(line, f"unknown op {op!r} for a scheduler-level trace")
+    raise AssertionError(f"SCHEDULER_FIELDS names {op!r}, which system_event does not decode")
 
 
 # --- what the engine reports ---------------------------------------------------------------
@@ -231,6 +289,7 @@ def observed(s: CacheState, obs: object, line: int) -> View:
     specification's own; reported counters are judged against the recount."""
     if not isinstance(obs, dict):
         raise TraceFormatError(line, "observe must be an object")
+    _checked(obs, (frozenset(), OBSERVED), line, "observe")
     if "gpu_free" in obs:
         s = replace(s, gpu_free=tuple(sorted(GpuBlock(g) for g in _ints(obs["gpu_free"], line, "gpu_free"))))
     if "cpu_free" in obs:
@@ -280,11 +339,15 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
     version = head.get("version")
     if head.get("format") != FORMAT or version not in (1, 2, VERSION):
         raise TraceFormatError(1, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
-    gpu = _int(head.get("gpu_blocks"), 1, "gpu_blocks", least=0)
-    cpu = _int(head.get("cpu_blocks"), 1, "cpu_blocks", least=0)
     level = head.get("level", "cache")
     if level not in ("cache", "scheduler"):
         raise TraceFormatError(1, f"level must be \"cache\" or \"scheduler\", not {level!r}")
+    _checked(head, SCHEDULER_HEADER if level == "scheduler" else CACHE_HEADER, 1, f"a {level}-level header")
+    gpu, cpu = (_int(head.get(tier), 1, tier, least=0) for tier in ("gpu_blocks", "cpu_blocks"))
+    for tier, blocks in (("gpu_blocks", gpu), ("cpu_blocks", cpu)):
+        if blocks > MOST_BLOCKS:
+            raise TraceFormatError(1, f"{tier} is {blocks:,}: kvoracle replays every block, and checks at most "
+                                      f"{MOST_BLOCKS:,} per tier")
     if level == "scheduler":
         if version == 1:
             raise TraceFormatError(1, "version 1 had no scheduler level: a scheduler-level trace is version 3")
@@ -300,10 +363,41 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
     return _replay_cache(lines, initial(gpu, cpu))
 
 
+# What a trace must carry for each property that reads the engine's own state (docs/trace.md,
+# "What is checked"): the observed fields, any one of which feeds it
+NEEDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("gpu_free", "cpu_free"), "INV-CONSERVE, INV-NO-UAF, INV-TIER, INV-PIN and LIVE-EXIT"),
+    (("refcounts",), "INV-REFCOUNT"),
+    (("gpu_findable", "cpu_findable"), "INV-HEAP-SOUND and INV-HEAP-COMPLETE"),
+    (("counters",), "INV-COUNTERS"),
+)
+
+
+def unreported(reported: Collection[str], ops: Collection[object], level: str) -> tuple[str, ...]:
+    """The properties a passing trace could not judge, for want of an observed field no
+    event `reported`, or (scheduler level) of `ops` it never has: the replayed state
+    satisfies every property by construction, so without them the engine's own state
+    is never seen and its leaks and double frees pass."""
+    gaps = [f"{ids}: no event reports {' or '.join(fields)}" for fields, ids in NEEDS
+            if not any(f in reported for f in fields)]
+    if level == "scheduler" and "tick" not in ops:
+        gaps.append("LIVE-TRANSFER: no tick event (the trace's clock never moves)")
+    if level == "scheduler" and "scheduled" not in ops:
+        gaps.append("LIVE-ADMIT and LIVE-PROGRESS: no schedule and scheduled lines")
+    return tuple(gaps)
+
+
+def _reported(ev: Json) -> Iterable[str]:
+    obs = ev.get("observe")
+    return obs.keys() if isinstance(obs, dict) else ()
+
+
 def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
     before = of_cache(s)
+    reported: set[str] = set()
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
+        reported.update(_reported(ev))
         event = cache_event(ev, n)
         try:
             s = actions.apply_cache(s, event)
@@ -315,7 +409,7 @@ def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
         if found:
             return TraceReport(n - 1, found, n, list(lines[:n]))
         before = after
-    return TraceReport(len(lines) - 1, [], 0, [])
+    return TraceReport(len(lines) - 1, [], 0, [], unfinished(s, sorted(s.requests)), unreported(reported, (), "cache"))
 
 
 @dataclass
@@ -359,8 +453,12 @@ SCHEDULING = ("schedule", "scheduled")  # the lines that delimit a scheduling st
 def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport:
     before = _system_view(s, of_cache(s.cache))
     steps = _Steps(s.cache.gpu_size - reserve)
+    reported: set[str] = set()
+    ops: set[object] = set()
     for n, text in enumerate(lines[1:], 2):
         ev = _parse(text, n)
+        reported.update(_reported(ev))
+        ops.add(ev.get("op"))
         if ev.get("op") in SCHEDULING:
             if len(ev) > 1:
                 extra = sorted(set(ev) - {"op"})
@@ -385,13 +483,35 @@ def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport
             return TraceReport(n - 1, found, n, list(lines[:n]))
         steps.between(event, s, before)
         before = after
-    return _late(s, lines) or TraceReport(len(lines) - 1, [], 0, [])
+    return _late(s, lines) or TraceReport(len(lines) - 1, [], 0, [], unfinished(s.cache, scheduler.live(s)),
+                                          unreported(reported, ops, "scheduler"))
+
+
+def unfinished(s: CacheState, live: Sequence[RequestId]) -> str:
+    """What a trace ending in state s, with these requests live, leaves unjudged: their
+    exits (LIVE-EXIT: do their blocks come back?) and the transfers still in flight."""
+    if not live and not s.transfers:
+        return ""
+    held = sum(len(actions.table(s, r)) for r in live if r in s.requests)
+    parts = [f"{len(live)} request{'s' if len(live) != 1 else ''} live ({', '.join(request_name(r) for r in live[:8])}"
+             f"{', ...' if len(live) > 8 else ''}; {held} GPU block{'s' if held != 1 else ''} held)"] if live else []
+    if s.transfers:
+        parts.append(f"{len(s.transfers)} transfer{'s' if len(s.transfers) != 1 else ''} in flight")
+    return (f"the trace ends with {' and '.join(parts)}: whether their blocks come back is not judged "
+            "(LIVE-EXIT judges each exit the trace has); a trace that goes on until the engine is idle judges it")
 
 
 def _late(s: System, prefix: Sequence[str]) -> TraceReport | None:
     """LIVE-TRANSFER on state s, the one the trace's lines `prefix` reach."""
     found = liveness.live_transfer(s.started, s.now, s.timeout)
     return TraceReport(len(prefix) - 1, found, len(prefix), list(prefix)) if found else None
+
+
+def decimal_hashes(violations: Sequence[Violation]) -> str:
+    """The hexadecimal node hashes spec's messages name, each with its decimal form, as a
+    trace writes it (so that the trace can be searched for it)."""
+    found = dict.fromkeys(h for v in violations for h in re.findall(r"\b0x[0-9a-f]+\b", v.message))
+    return ", ".join(f"{h} = {int(h, 16)}" for h in found)
 
 
 def _system_view(s: System, cache: View) -> View:
@@ -405,12 +525,21 @@ def _system_view(s: System, cache: View) -> View:
 
 def _parse(text: str, line: int) -> Json:
     try:
-        ev = json.loads(text)
+        ev = json.loads(text, object_pairs_hook=partial(_unique, line))
     except json.JSONDecodeError as e:
         raise TraceFormatError(line, f"not JSON ({e.msg})") from e
     if not isinstance(ev, dict):
         raise TraceFormatError(line, "an event must be a JSON object")
     return cast(Json, ev)
+
+
+def _unique(line: int, pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose every field is named once (JSON leaves a repeated name's meaning open)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        repeated = sorted({k for k, _ in pairs if [name for name, _ in pairs].count(k) > 1})
+        raise TraceFormatError(line, f"field {', '.join(map(repr, repeated))} given twice")
+    return obj
 
 
 # --- recording the reference ---------------------------------------------------------------------
@@ -561,5 +690,16 @@ def record_scheduler(out: TextIO, *, steps: int, seed: int, scheduler_class: typ
     return written
 
 
-def read_lines(source: Iterable[str]) -> list[str]:
-    return [line.rstrip("\n") for line in source if line.strip()]
+def read_lines(source: Iterable[str | bytes]) -> list[str]:
+    """The trace's non-blank lines (from a file opened as text or, so that a line that is
+    not UTF-8 is named, as bytes: a binary or compressed file is a format error)."""
+    lines = []
+    for n, raw in enumerate(source, 1):
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(n, f"not UTF-8 text (byte {e.object[e.start]:#04x}): a trace is JSON Lines, "
+                                      "not a binary or compressed file") from e
+        if line.strip():
+            lines.append(line.rstrip("\r\n"))
+    return lines

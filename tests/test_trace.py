@@ -1,8 +1,10 @@
 """Traces: the reference's own trace is valid; a trace with each expressible bug class
 planted is refused with the property it breaks, at the line that shows it."""
 
+import hashlib
 import io
 import json
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,10 +99,100 @@ def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"0x5": 1}}}), "decimal"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"\u00b2": 1}}}), "decimal"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"counters": [1]}}), "counters must map"),
+    # a misspelt field is refused, not ignored with what it would have checked
+    (json.dumps({"op": "match", "request": 0, "hashes": [], "obsreve": {"gpu_free": [0, 0]}}),
+     "this match event has no field 'obsreve' .*start with _"),
+    (json.dumps({"op": "match", "request": 0, "observe": {"gpu_fre": [0, 0]}}), "observe has no field 'gpu_fre'"),
+    (json.dumps({"op": "allocate", "request": 0}), "this allocate event lacks blocks"),
+    (json.dumps({"op": "release"}), "this release event lacks request"),
+    (json.dumps({"op": "commit", "request": 0}), "this commit event lacks hashes"),
+    (json.dumps({"op": "allocate", "request": 0, "blocks": [-1]}), "a block of blocks must be at least 0"),
+    (json.dumps({"op": "match", "request": 0, "limit": -1}), "limit must be at least 0"),
+    ('{"op": "release", "request": 0, "request": 1}', "field 'request' given twice"),
 ])
 def test_malformed_lines_name_their_line(text: str, why: str) -> None:
     with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
         check_trace([HEAD, text])
+
+
+def test_an_engines_own_notes_are_fields_whose_names_start_with_an_underscore() -> None:
+    head = json.dumps({**json.loads(HEAD), "_engine": "toy 1.0"})
+    noted = [head, *(json.dumps({**json.loads(line), "_ts": 1.5}) for line in trace(GOOD)[1:])]
+    assert check_trace(noted).passed
+    with pytest.raises(TraceFormatError, match="line 1: a cache-level header has no field 'engine'"):
+        check_trace([json.dumps({**json.loads(HEAD), "engine": "toy 1.0"}), *trace(GOOD)[1:]])
+
+
+def test_a_header_beyond_what_is_checked_is_refused_at_once() -> None:
+    with pytest.raises(TraceFormatError, match="line 1: gpu_blocks is 100,000,000,000: .* at most 4,194,304"):
+        check_trace([json.dumps({**json.loads(HEAD), "gpu_blocks": 10 ** 11}), *trace()[1:]])
+
+
+def test_bytes_that_are_not_utf8_are_a_format_error_naming_their_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    lines = trace(GOOD)
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes("\n".join([*lines[:2], '{"op": "reset", "_note": "caf\u00e9"}']).encode("latin-1") + b"\n")
+    assert main(["check-trace", str(bad)]) == 2
+    assert "line 3: not UTF-8 text (byte 0xe9)" in capsys.readouterr().err
+
+
+def test_a_trace_that_ends_mid_run_says_what_it_leaves_unjudged(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    running = tmp_path / "running.jsonl"
+    running.write_text("\n".join(trace()[:3]) + "\n")  # r0 allocated its blocks, and the trace stops
+    assert main(["check-trace", str(running)]) == 0
+    assert "note: the trace ends with 1 request live (r0; 2 GPU blocks held): whether their blocks come back is " \
+           "not judged" in capsys.readouterr().out
+    done = tmp_path / "done.jsonl"
+    done.write_text("\n".join(trace()) + "\n")
+    assert main(["check-trace", str(done)]) == 0 and "note:" not in capsys.readouterr().out
+
+
+def test_a_passing_trace_names_what_it_carries_nothing_for(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bare, seen = tmp_path / "bare.jsonl", tmp_path / "seen.jsonl"
+    bare.write_text("\n".join(trace()) + "\n")
+    seen.write_text("\n".join(trace(GOOD)) + "\n")
+    assert main(["check-trace", str(bare)]) == 0
+    out = capsys.readouterr().out
+    assert "not checked: INV-CONSERVE, INV-NO-UAF, INV-TIER, INV-PIN and LIVE-EXIT: no event reports gpu_free or " \
+           "cpu_free" in out and "not checked: INV-COUNTERS: no event reports counters" in out, out
+    assert main(["check-trace", str(seen)]) == 0 and "not checked" not in capsys.readouterr().out
+    assert check_trace(scheduler_trace()).unchecked[-2:] == (
+        "LIVE-TRANSFER: no tick event (the trace's clock never moves)",
+        "LIVE-ADMIT and LIVE-PROGRESS: no schedule and scheduled lines")
+
+
+def test_a_violation_naming_a_hash_gives_it_in_decimal_as_the_trace_writes_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    busy = tmp_path / "busy.jsonl"  # r1 holds the prefix again, and eviction takes its leaf
+    busy.write_text("\n".join(trace(extra=[{"op": "match", "request": 1, "hashes": [H1, H2]},
+                                           {"op": "evict", "steps": [["drop", H2]]}])) + "\n")
+    assert main(["check-trace", str(busy)]) == 1
+    out = capsys.readouterr().out
+    assert f"node {H2:#x} is not evictable on GPU: its refcount is 1" in out, out
+    assert f"(the trace writes these hashes in decimal: {H2:#x} = {H2})" in out, out
+
+
+def test_the_documented_block_hash_is_specs() -> None:
+    """docs/trace.md's recipe for an engine outside Python, written from the page alone."""
+    def documented(tokens: list[int], size: int) -> list[int]:
+        out, parent = [], b"-"
+        for start in range(0, len(tokens) - len(tokens) % size, size):
+            block = tokens[start:start + size]
+            if all(-2 ** 63 <= t < 2 ** 63 for t in block):
+                body = b"q" + struct.pack(f"<{size}q", *block)
+            else:
+                body = b"t" + ",".join(map(str, block)).encode()
+            digest = hashlib.blake2b(parent + body + b"x", digest_size=8).digest()
+            out.append(int.from_bytes(digest, "little"))
+            parent = digest
+        return out
+
+    for tokens, size in (([1, 1, 2, 2], 2), ([7] * 40, 16), ([5, 2 ** 70, 3], 1), ([0, -1, 9], 3)):
+        assert documented(tokens, size) == list(block_hashes(tokens, size)), (tokens, size)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trace.md").read_text()
+    assert "BLAKE2b with an 8-byte digest" in page and "`spec.hashing.block_hashes([1, 1, 2, 2], 2)`" in page
 
 
 def test_the_documented_example_prints_what_the_docs_show(
@@ -255,9 +347,12 @@ def test_every_trace_here_is_a_line_of_the_documented_schema() -> None:
         for line in lines:
             jsonschema.validate(json.loads(line), schema)
     refused = [{**SCHEDULER_HEAD, "timeout": 0}, {**SCHEDULER_HEAD, "level": "Scheduler"}, {"op": "scheduled", "n": 1},
-               {"op": "tick", "ticks": -1}, {"op": "match", "request": 0, "observe": {"refcounts": {"\u00b2": 1}}}]
+               {"op": "tick", "ticks": -1}, {"op": "match", "request": 0, "observe": {"refcounts": {"\u00b2": 1}}},
+               {"op": "match", "request": 0, "obsreve": {}}, {"op": "match", "request": 0, "observe": {"gpu_fre": []}},
+               {"op": "allocate", "request": 0}, {**SCHEDULER_HEAD, "reserv": 1}]
     for bad in refused:  # lines the reader refuses, the schema too
         assert not jsonschema.Draft202012Validator(schema).is_valid(bad), bad
+    jsonschema.validate({"op": "reset", "_ts": 3}, schema)  # an engine's own note, as the reader takes it
 
 
 def recorded_scheduler(scheduler_class: type[ResourceManager], seed: int, steps: int = 400) -> list[str]:
