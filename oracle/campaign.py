@@ -352,11 +352,18 @@ def minimize(machine: type[RuleBasedStateMachine], steps: Sequence[str],
     own finish was deleted)."""
     if not steps or not same_finding(finding, replay(machine, steps)):
         return tuple(steps), finding  # not replayable as printed: keep Hypothesis's answer
-    shorter = delete_runs(list(steps), lambda trial: same_finding(finding, replay(machine, trial)))
-    if len(shorter) == len(steps):
-        return tuple(steps), finding
-    again = replay(machine, shorter)
-    return tuple(shorter), again if again is not None and same_finding(finding, again) else finding
+    latest = finding  # as the last program kept ran: delete_runs ends with the last one it kept
+
+    def fails(trial: list[str]) -> bool:
+        nonlocal latest
+        again = replay(machine, trial)
+        if again is None or not same_finding(finding, again):
+            return False
+        latest = again
+        return True
+
+    shorter = delete_runs(list(steps), fails)
+    return (tuple(steps), finding) if len(shorter) == len(steps) else (tuple(shorter), latest)
 
 
 def same_finding(finding: PropertyViolated, other: PropertyViolated | None, numbers: bool = True) -> bool:
