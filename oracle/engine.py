@@ -60,6 +60,7 @@ class BadInput(enum.Enum):
     """Each adapter declares the kinds it can make; the machines draw only those."""
 
     DOUBLE_FREE = "double_free"  # free a block that is already free, through the allocator
+    REPEATED_FREE = "repeated_free"  # free a batch that names one in-use block twice
     OUT_OF_RANGE = "out_of_range"  # free a block id the allocator never had
     DOUBLE_FINISH = "double_finish"  # finish a request that already finished (scheduler level: or was aborted)
     DOUBLE_UNLOCK = "double_unlock"  # unlock a finished request's prefix again while another request holds it
@@ -88,7 +89,7 @@ REQUEST_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.DOUBLE_FI
 CACHE_LEVEL = (BadInput.DOUBLE_FREE, BadInput.OUT_OF_RANGE, BadInput.WRONG_TIER, BadInput.DOUBLE_FINISH,
                BadInput.UNKNOWN_REQUEST, BadInput.UNKNOWN_TRANSFER, BadInput.BAD_PARTIAL,
                BadInput.DUPLICATE_REQUEST, BadInput.HASH_MISMATCH, BadInput.TOO_MANY, BadInput.BUSY_RESET,
-               BadInput.NEGATIVE_LIMIT, BadInput.COMMIT_FILLING, BadInput.WRITE_TOO_MANY)
+               BadInput.NEGATIVE_LIMIT, BadInput.COMMIT_FILLING, BadInput.WRITE_TOO_MANY, BadInput.REPEATED_FREE)
 SCHEDULER_LEVEL = (BadInput.UNKNOWN_REQUEST, BadInput.DOUBLE_FINISH, BadInput.DOUBLE_ABORT, BadInput.TOO_LARGE,
                    BadInput.DUPLICATE_REQUEST, BadInput.EMPTY, BadInput.PREEMPT_WAITING, BadInput.DUPLICATE_BATCH)
 

@@ -75,8 +75,9 @@ _WANTED_MAX = 1 << 16
 def _wanted(seeds: list[int], block_bytes: int) -> list[int]:
     """seed_fingerprints(seeds, block_bytes), computing only the seeds not seen before."""
     new = [s for s in dict.fromkeys(seeds) if (s, block_bytes) not in _WANTED]
+    if new and len(_WANTED) + len(new) > _WANTED_MAX:
+        _WANTED.clear()  # the seeds seen before go with it: compute every seed of this call
+        new = list(dict.fromkeys(seeds))
     if new:
-        if len(_WANTED) + len(new) > _WANTED_MAX:
-            _WANTED.clear()
         _WANTED.update(zip([(s, block_bytes) for s in new], seed_fingerprints(new, block_bytes)))
     return [_WANTED[s, block_bytes] for s in seeds]

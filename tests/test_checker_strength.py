@@ -22,12 +22,14 @@ from kvoracle.kvcache.faults import (
     FaultyCopier,
     FaultyStorage,
     NoFaults,
+    OK_FAULT,
     Reply,
     ScriptedFaults,
     SwapError,
 )
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import make_pool
+from kvoracle.kvcache.pool.fingerprint import seed_fingerprints
 from kvoracle.kvcache.storage import MemoryStorage, StorageError
 from kvoracle.kvcache.tree import Node
 from kvoracle.scheduler.content import KVPools, content
@@ -244,6 +246,16 @@ def test_content_tells_partial_blocks_with_equal_tails_but_other_prefixes_apart(
     assert found and set(ids(found)) == {"INV-CONTENT"}
 
 
+def test_the_expected_fingerprints_survive_their_memo_filling_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that overflows the memo of expected fingerprints still answers every seed it asks."""
+    from kvoracle.scheduler import content as module
+    monkeypatch.setattr(module, "_WANTED", {})
+    monkeypatch.setattr(module, "_WANTED_MAX", 3)
+    assert module._wanted([1, 2], 64) == seed_fingerprints([1, 2], 64)
+    assert module._wanted([1, 2, 3, 4], 64) == seed_fingerprints([1, 2, 3, 4], 64)
+    assert module._wanted([5, 1, 5], 64) == seed_fingerprints([5, 1, 5], 64)
+
+
 def test_content_flags_a_partial_block_not_refilled_after_decode() -> None:
     """After a decode the partial last block must hold the new token too: its old bytes are INV-CONTENT."""
     rm = rm_with_pools(block_size=4)
@@ -281,6 +293,18 @@ def test_fault_refuses_a_negative_done_or_delay() -> None:
         Fault(FaultKind.PARTIAL, done=-1, delay=0)
     with pytest.raises(ValueError):
         Fault(FaultKind.LATE, done=0, delay=-1)
+
+
+def test_injecting_leaves_no_fault_behind_even_when_the_block_raises() -> None:
+    """Faults not used up inside `injecting` are dropped on the way out, by a raise too."""
+    plan = ScriptedFaults([])
+    with pytest.raises(RuntimeError), plan.injecting([Fault(FaultKind.RAISE), Fault(FaultKind.RAISE)]):
+        assert plan.next_fault("write", 1).kind is FaultKind.RAISE
+        raise RuntimeError("the engine call fails")
+    assert plan.next_fault("write", 1) == OK_FAULT
+    with plan.injecting([Fault(FaultKind.RAISE)]):
+        pass
+    assert plan.next_fault("read", 1) == OK_FAULT
 
 
 def test_faulty_storage_tells_the_plan_each_op_and_batch_size() -> None:

@@ -47,6 +47,7 @@ Geometry = tuple[int, int, int]  # block_size, heads, head_dim (fp16)
 SMALL: Geometry = (4, 2, 16)  # 256 bytes: one row
 ODD: Geometry = (3, 2, 16)  # 192 bytes: three rows of 64
 BIG: Geometry = (16, 8, 128)  # 32 KiB: eight rows of 4096, a realistic block
+TINY: Geometry = (1, 1, 6)  # 12 bytes: not a whole number of 8-byte words
 
 
 def _ids(case: tuple[str, str]) -> str:
@@ -121,9 +122,10 @@ GOLDEN_FINGERPRINTS = [1067768257295137896, 8566060852876938539]
 # ---------------------------------------------------------------- every backend
 
 
+@pytest.mark.parametrize("geometry", [ODD, TINY], ids=["odd", "tiny"])
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_fill_read_write_round_trip(case: tuple[str, str]) -> None:
-    pool = pool_or_skip(*case, num_blocks=8)
+def test_fill_read_write_round_trip(case: tuple[str, str], geometry: Geometry) -> None:
+    pool = pool_or_skip(*case, num_blocks=8, geometry=geometry)
     pool.fill([1, 3, 5], [10, 20, 30])
     want = seed_content([10, 20, 30], pool.block_bytes)
     assert [pool.read(b) for b in (1, 3, 5)] == [r.tobytes() for r in want]

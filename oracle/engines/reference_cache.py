@@ -110,6 +110,7 @@ class ReferenceCache(Scripted):
     cache_class: type[CacheManager] = CacheManager
     refusals: Mapping[BadInput, type[Exception]] = {
         BadInput.DOUBLE_FREE: DoubleFree,
+        BadInput.REPEATED_FREE: DoubleFree,
         BadInput.OUT_OF_RANGE: BlockOutOfRange,
         BadInput.WRONG_TIER: BlockOutOfRange,
         BadInput.DOUBLE_FINISH: UnknownRequest,
@@ -212,6 +213,9 @@ class ReferenceCache(Scripted):
             calls[BadInput.COMMIT_FILLING] = lambda: f"cache.commit({filling[0]}, {self._prefix(filling[0])!r})"
         if c.gpu.num_free:
             calls[BadInput.DOUBLE_FREE] = lambda: f"cache.gpu.free([{c.gpu.free_blocks()[-1]}])"
+        if c.gpu.num_free < c.gpu.size:  # each half of the batch alone would be a valid free
+            used = next(b for b in range(c.gpu.size) if not c.gpu.is_free(b))
+            calls[BadInput.REPEATED_FREE] = lambda: f"cache.gpu.free([{used}, {used}])"
         if c.jobs:
             t = c.in_flight()[0]
             calls[BadInput.BAD_PARTIAL] = lambda: f"cache.complete({t}, Partial({len(c.jobs[t].items) + 1}))"
