@@ -694,9 +694,10 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     named = decimal_hashes(report.violations[:8])
     if named:
         print(f"  (the trace writes these hashes in decimal: {named})")
-    print(f"\nthe shortest prefix that shows it ({len(report.prefix)} lines):")
-    for i, line in enumerate(report.prefix, 1):
-        print(f"  {i:>4}  {line if len(line) <= 160 else line[:157] + '...'}")
+    shown = [(n, line) for n, line in enumerate(report.prefix, 1) if line]  # by the file's line numbers
+    print(f"\nthe shortest prefix that shows it ({len(shown)} lines):")
+    for n, line in shown:
+        print(f"  {n:>4}  {line if len(line) <= 160 else line[:157] + '...'}")
     return 1
 
 

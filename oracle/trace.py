@@ -88,8 +88,8 @@ class TraceFormatError(Exception):
 class TraceReport:
     events: int
     violations: list[Violation]
-    line: int  # the line of the first violating event (0: none)
-    prefix: list[str]  # the trace up to and including that line
+    line: int  # the file's line of the first violating event (0: none)
+    prefix: list[str]  # the trace's lines up to and including that one (blank lines too, as "")
     unfinished: str = ""  # of a trace that passed: what it leaves unjudged by ending mid-run (`unfinished`)
     unchecked: tuple[str, ...] = ()  # of a trace that passed: the properties it carries nothing for (`unreported`)
 
@@ -332,35 +332,38 @@ def _heap(obs: Mapping[str, object], tier: str, heap: Heap, line: int) -> Heap:
 
 
 def check_trace(lines: Sequence[str]) -> TraceReport:
-    """Replay a trace through spec/; stop at the first violation."""
-    if not lines:
+    """Replay a trace through spec/; stop at the first violation. `lines` are the file's,
+    blank ones included (skipped, so that each line keeps its number)."""
+    rows = [(n, text) for n, text in enumerate(lines, 1) if text.strip()]
+    if not rows:
         raise TraceFormatError(1, "empty trace")
-    head = _parse(lines[0], 1)
+    top, header = rows[0]
+    head = _parse(header, top)
     version = head.get("version")
     if head.get("format") != FORMAT or version not in (1, 2, VERSION):
-        raise TraceFormatError(1, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
+        raise TraceFormatError(top, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
     level = head.get("level", "cache")
     if level not in ("cache", "scheduler"):
-        raise TraceFormatError(1, f"level must be \"cache\" or \"scheduler\", not {level!r}")
-    _checked(head, SCHEDULER_HEADER if level == "scheduler" else CACHE_HEADER, 1, f"a {level}-level header")
-    gpu, cpu = (_int(head.get(tier), 1, tier, least=0) for tier in ("gpu_blocks", "cpu_blocks"))
+        raise TraceFormatError(top, f"level must be \"cache\" or \"scheduler\", not {level!r}")
+    _checked(head, SCHEDULER_HEADER if level == "scheduler" else CACHE_HEADER, top, f"a {level}-level header")
+    gpu, cpu = (_int(head.get(tier), top, tier, least=0) for tier in ("gpu_blocks", "cpu_blocks"))
     for tier, blocks in (("gpu_blocks", gpu), ("cpu_blocks", cpu)):
         if blocks > MOST_BLOCKS:
-            raise TraceFormatError(1, f"{tier} is {blocks:,}: kvoracle replays every block, and checks at most "
+            raise TraceFormatError(top, f"{tier} is {blocks:,}: kvoracle replays every block, and checks at most "
                                       f"{MOST_BLOCKS:,} per tier")
     if level == "scheduler":
         if version == 1:
-            raise TraceFormatError(1, "version 1 had no scheduler level: a scheduler-level trace is version 3")
+            raise TraceFormatError(top, "version 1 had no scheduler level: a scheduler-level trace is version 3")
         if version != VERSION:  # its hashes were spec's, and spec's block hashes changed in version 3
-            raise TraceFormatError(1, f"a scheduler-level trace of version {version} names blocks by the "
+            raise TraceFormatError(top, f"a scheduler-level trace of version {version} names blocks by the "
                                       f"earlier block hash; record it again with this kvoracle (version {VERSION})")
-        reserve = _int(head.get("reserve", 0), 1, "reserve", least=0)
+        reserve = _int(head.get("reserve", 0), top, "reserve", least=0)
         if reserve and reserve >= gpu:
-            raise TraceFormatError(1, f"reserve must be below gpu_blocks ({gpu}), not {reserve}")
-        size = _int(head.get("block_size"), 1, "block_size", least=1)
-        return _replay_system(lines, initial_system(gpu, cpu, size, _int(head.get("timeout"), 1, "timeout", least=1)),
-                              reserve)
-    return _replay_cache(lines, initial(gpu, cpu))
+            raise TraceFormatError(top, f"reserve must be below gpu_blocks ({gpu}), not {reserve}")
+        size = _int(head.get("block_size"), top, "block_size", least=1)
+        timeout = _int(head.get("timeout"), top, "timeout", least=1)
+        return _replay_system(lines, rows[1:], initial_system(gpu, cpu, size, timeout), reserve)
+    return _replay_cache(lines, rows[1:], initial(gpu, cpu))
 
 
 # What a trace must carry for each property that reads the engine's own state (docs/trace.md,
@@ -392,24 +395,24 @@ def _reported(ev: Json) -> Iterable[str]:
     return obs.keys() if isinstance(obs, dict) else ()
 
 
-def _replay_cache(lines: Sequence[str], s: CacheState) -> TraceReport:
+def _replay_cache(lines: Sequence[str], events: Sequence[tuple[int, str]], s: CacheState) -> TraceReport:
     before = of_cache(s)
     reported: set[str] = set()
-    for n, text in enumerate(lines[1:], 2):
+    for count, (n, text) in enumerate(events, 1):
         ev = _parse(text, n)
         reported.update(_reported(ev))
         event = cache_event(ev, n)
         try:
             s = actions.apply_cache(s, event)
         except PreconditionError as e:
-            return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
+            return TraceReport(count, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
         after = observed(s, ev["observe"], n) if "observe" in ev else of_cache(s)
         found = liveness.live_exit(before, after, request_name(event.request)) if isinstance(event, Release) else []
         found += by_severity(check(after))
         if found:
-            return TraceReport(n - 1, found, n, list(lines[:n]))
+            return TraceReport(count, found, n, list(lines[:n]))
         before = after
-    return TraceReport(len(lines) - 1, [], 0, [], unfinished(s, sorted(s.requests)), unreported(reported, (), "cache"))
+    return TraceReport(len(events), [], 0, [], unfinished(s, sorted(s.requests)), unreported(reported, (), "cache"))
 
 
 @dataclass
@@ -450,12 +453,13 @@ class _Steps:
 SCHEDULING = ("schedule", "scheduled")  # the lines that delimit a scheduling step (no spec action)
 
 
-def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport:
+def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: System, reserve: int) -> TraceReport:
     before = _system_view(s, of_cache(s.cache))
     steps = _Steps(s.cache.gpu_size - reserve)
     reported: set[str] = set()
     ops: set[object] = set()
-    for n, text in enumerate(lines[1:], 2):
+    last = 0  # the line of the event before this one (0: the header)
+    for count, (n, text) in enumerate(events, 1):
         ev = _parse(text, n)
         reported.update(_reported(ev))
         ops.add(ev.get("op"))
@@ -465,26 +469,28 @@ def _replay_system(lines: Sequence[str], s: System, reserve: int) -> TraceReport
                 raise TraceFormatError(n, f"a {ev['op']} line carries nothing but its op, not {extra}")
             found = steps.mark(ev.get("op"), s, before, n)
             if found:
-                return TraceReport(n - 1, found, n, list(lines[:n]))
+                return TraceReport(count, found, n, list(lines[:n]))
+            last = n
             continue
         event = system_event(ev, n)
         # time moves on: whatever the last tick timed out has been answered in the lines since
-        late = _late(s, lines[: n - 1]) if isinstance(event, Tick) else None
+        late = _late(s, count - 1, lines[:last]) if isinstance(event, Tick) else None
         if late is not None:
             return late
         try:
             s = scheduler.apply(s, event)
         except PreconditionError as e:
-            return TraceReport(n - 1, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
+            return TraceReport(count, [Violation("PRECONDITION", str(e))], n, list(lines[:n]))
         after = _system_view(s, observed(s.cache, ev["observe"], n) if "observe" in ev else of_cache(s.cache))
         found = liveness.live_exit(before, after, request_name(event.request)) if isinstance(event, Exit) else []
         found += by_severity(check(after))
         if found:
-            return TraceReport(n - 1, found, n, list(lines[:n]))
+            return TraceReport(count, found, n, list(lines[:n]))
         steps.between(event, s, before)
         before = after
-    return _late(s, lines) or TraceReport(len(lines) - 1, [], 0, [], unfinished(s.cache, scheduler.live(s)),
-                                          unreported(reported, ops, "scheduler"))
+        last = n
+    return _late(s, len(events), lines[:last]) or TraceReport(
+        len(events), [], 0, [], unfinished(s.cache, scheduler.live(s)), unreported(reported, ops, "scheduler"))
 
 
 def unfinished(s: CacheState, live: Sequence[RequestId]) -> str:
@@ -501,10 +507,11 @@ def unfinished(s: CacheState, live: Sequence[RequestId]) -> str:
             "(LIVE-EXIT judges each exit the trace has); a trace that goes on until the engine is idle judges it")
 
 
-def _late(s: System, prefix: Sequence[str]) -> TraceReport | None:
-    """LIVE-TRANSFER on state s, the one the trace's lines `prefix` reach."""
+def _late(s: System, events: int, prefix: Sequence[str]) -> TraceReport | None:
+    """LIVE-TRANSFER on state s, the one the trace's lines `prefix` (its first `events`
+    events) reach."""
     found = liveness.live_transfer(s.started, s.now, s.timeout)
-    return TraceReport(len(prefix) - 1, found, len(prefix), list(prefix)) if found else None
+    return TraceReport(events, found, len(prefix), list(prefix)) if found else None
 
 
 def decimal_hashes(violations: Sequence[Violation]) -> str:
@@ -691,8 +698,8 @@ def record_scheduler(out: TextIO, *, steps: int, seed: int, scheduler_class: typ
 
 
 def read_lines(source: Iterable[str | bytes]) -> list[str]:
-    """The trace's non-blank lines (from a file opened as text or, so that a line that is
-    not UTF-8 is named, as bytes: a binary or compressed file is a format error)."""
+    """The trace's lines, blank ones as "" (from a file opened as text or, so that a line
+    that is not UTF-8 is named, as bytes: a binary or compressed file is a format error)."""
     lines = []
     for n, raw in enumerate(source, 1):
         try:
@@ -700,6 +707,5 @@ def read_lines(source: Iterable[str | bytes]) -> list[str]:
         except UnicodeDecodeError as e:
             raise TraceFormatError(n, f"not UTF-8 text (byte {e.object[e.start]:#04x}): a trace is JSON Lines, "
                                       "not a binary or compressed file") from e
-        if line.strip():
-            lines.append(line.rstrip("\r\n"))
+        lines.append(line.rstrip("\r\n") if line.strip() else "")
     return lines

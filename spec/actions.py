@@ -56,6 +56,7 @@ from kvoracle.spec.types import (
 
 K = TypeVar("K")
 V = TypeVar("V")
+B = TypeVar("B", GpuBlock, CpuBlock)  # a block id of either tier
 P = ParamSpec("P")
 
 
@@ -94,10 +95,12 @@ def _bump(pins: Mapping[K, int], k: K, by: int) -> dict[K, int]:
     return d
 
 
-def _take_free(free: tuple[K, ...], blocks: Sequence[K], action: str) -> tuple[K, ...]:
+def _take_free(free: tuple[B, ...], blocks: Sequence[B], action: str, size: int) -> tuple[B, ...]:
     require(len(set(blocks)) == len(blocks), action, f"blocks {list(blocks)} repeat")
     rest = list(free)
     for b in blocks:
+        require(0 <= b < size, action, f"block {b} is out of range: the tier has "
+                + (f"blocks 0 to {size - 1}" if size else "no blocks"))
         require(b in rest, action, f"block {b} is not free")
         rest.remove(b)
     return tuple(rest)
@@ -186,7 +189,7 @@ def match(
     require(r not in s.requests, a, f"request {r} already holds blocks")
     taken = len(swap_dests) + len(prefetch_dests)
     require(limit is None or taken <= limit, a, f"{taken} GPU blocks swapped in and prefetched for a limit of {limit}")
-    gpu_free = _take_free(s.gpu_free, [*swap_dests, *prefetch_dests], a)
+    gpu_free = _take_free(s.gpu_free, [*swap_dests, *prefetch_dests], a, s.gpu_size)
     n_gpu = gpu_hits(s, hashes)
     path = list(hashes[:n_gpu])
     nodes = dict(s.nodes)
@@ -237,7 +240,7 @@ def allocate(s: CacheState, r: RequestId, blocks: Sequence[GpuBlock], asked: int
     a = "allocate"
     require(r in s.requests, a, f"unknown request {r}")
     require(asked is None or len(blocks) == asked, a, f"{len(blocks)} blocks given for {asked} asked")
-    gpu_free = _take_free(s.gpu_free, blocks, a)
+    gpu_free = _take_free(s.gpu_free, blocks, a, s.gpu_size)
     held = s.requests[r]
     return replace(
         s,
@@ -407,7 +410,7 @@ def _evict_one(s: CacheState, step: EvictStep, swaps: list[tuple[BlockHash, GpuB
     swaps.append((h, tier.gpu, step.cpu))
     return replace(
         popped,
-        cpu_free=_take_free(s.cpu_free, [step.cpu], a),
+        cpu_free=_take_free(s.cpu_free, [step.cpu], a, s.cpu_size),
         nodes=_put(s.nodes, h, replace(s.nodes[h], tier=SwappingOut(tier.gpu, step.cpu))),
         gpu_pins=_bump(s.gpu_pins, tier.gpu, 1),
     )

@@ -90,6 +90,29 @@ def test_an_event_the_spec_forbids_is_refused(event: dict[str, object], why: str
     assert report.line == 6
 
 
+def test_a_block_id_outside_the_tier_is_named_out_of_range() -> None:
+    report = check_trace(trace(extra=[{"op": "match", "request": 5, "hashes": []},
+                                      {"op": "allocate", "request": 5, "blocks": [4]}]))
+    assert report.violations[0].id == "PRECONDITION"
+    assert "block 4 is out of range: the tier has blocks 0 to 3" in report.violations[0].message
+
+
+def test_blank_lines_are_skipped_and_every_line_keeps_its_number(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    spaced = tmp_path / "spaced.jsonl"
+    spaced.write_text("\n\n".join(trace({**GOOD, "gpu_free": [3]})) + "\n")  # a blank line after each line
+    report = check_trace(read_lines(spaced.read_text().splitlines()))
+    assert report.violations[0].id == "INV-CONSERVE" and (report.events, report.line) == (4, 9)
+    assert main(["check-trace", str(spaced)]) == 1
+    out = capsys.readouterr().out
+    assert "first violation at line 9, after 4 events" in out and "prefix that shows it (5 lines)" in out
+    assert [line.split()[0] for line in out.split("shows it")[1].splitlines()[1:]] == ["1", "3", "5", "7", "9"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n\n".join([*trace()[:2], "not json"]) + "\n")
+    assert main(["check-trace", str(bad)]) == 2
+    assert "line 5: " in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, why", [
     ("not json", "not JSON"),
     (json.dumps({"op": "fly"}), "unknown op"),
