@@ -196,7 +196,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach
-          + small_campaign_hint(args, bad) + broken_reference_hint(bad))
+          + small_campaign_hint(args, bad) + broken_reference_hint(bad) + weak_checker_hint(bad))
     return 0 if not bad else 1
 
 
@@ -266,6 +266,18 @@ def broken_reference_hint(bad: Sequence[Row]) -> str:
         return ""
     return (f"\n(the reference fails at the {' and '.join(broken)} level: each mutant of that level is the "
             "reference with one change, so its row is judged on a broken base; mend the reference first)")
+
+
+def weak_checker_hint(bad: Sequence[Row]) -> str:
+    """What a mutant's bad verdict says where the reference of its level passed: the
+    checks, not the reference, fell short of the catalogue."""
+    broken = {r.target.level for r in bad if r.target.mutant is None}
+    verdicts = {r.verdict for r in bad if r.target.mutant is not None and r.target.level not in broken}
+    said = {"SURVIVED": "SURVIVED: the campaign ran that mutant and no check failed, so the checks are weaker than "
+                        "its bug (did spec/, a machine or the audit change?)",
+            "WRONG-ID": "WRONG-ID: caught, but first by a property its catalogue entry (oracle/mutants.py) does not "
+                        "name"}
+    return "".join(f"\n({said[v]})" for v in ("SURVIVED", "WRONG-ID") if v in verdicts)
 
 
 @dataclass(frozen=True)

@@ -269,12 +269,13 @@ class SchedulerMachine(RuleBasedStateMachine):
                      ticks: int) -> list[Violation]:
         e = self.engine
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
-        found = [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
+        # storage or swap errors must never escape the scheduler; one that did comes first:
+        # the state it left half-changed is what the properties after it see
+        found = [] if escaped is None else [Violation("VALID-INPUT", f"{name} raised {described(escaped)} on a valid call")]
+        found += [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
         if self.audit.due():
             found += walk(None if got is None else of_system(got), e.invariants(), after)
-        if escaped is not None:  # storage or swap errors must never escape the scheduler
-            found.append(Violation("VALID-INPUT", f"{name} raised {described(escaped)} on a valid call"))
         return found + threads.died(name) + self._record(name, ticks, got)
 
     def _record(self, name: str, ticks: int, got: System | None) -> list[Violation]:

@@ -59,6 +59,9 @@ def content(cache: CacheManager, pools: KVPools, tables: dict[int, tuple[list[in
 
 
 def _compare(tier: str, pool: BlockPool, blocks: list[int], seeds: list[int]) -> list[Violation]:
+    # a cached block a request's table holds too is reached twice: judge (and report) it once
+    pairs = dict.fromkeys(zip(blocks, seeds))
+    blocks, seeds = [b for b, _ in pairs], [s for _, s in pairs]
     if not blocks:
         return []
     have = pool.fingerprints(blocks)

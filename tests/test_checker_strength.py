@@ -208,6 +208,18 @@ def test_content_flags_a_corrupted_cached_gpu_block() -> None:
     assert ids(kv_content(rm)) == ["INV-CONTENT"]
 
 
+def test_content_reports_a_corrupted_block_once_though_the_tree_and_a_table_reach_it() -> None:
+    rm = rm_with_pools()
+    cached(rm)
+    rm.submit(R1, [1, 1, 2, 2, 3])  # its table starts with the two cached blocks
+    rm.schedule()
+    t = node(rm.cache, HS[0]).tier
+    assert isinstance(t, OnGpu) and t.gpu in rm.cache.table(R1) and kv_content(rm) == []
+    scribble(rm, "gpu", t.gpu)
+    found = kv_content(rm)
+    assert ids(found) == ["INV-CONTENT"] and f"GPU block {t.gpu} " in found[0].message
+
+
 def test_content_flags_a_corrupted_cpu_copy() -> None:
     """The CPU copy of a node on the CPU tier is checked: wrong bytes there are INV-CONTENT."""
     rm = rm_with_pools()

@@ -464,3 +464,20 @@ def test_mutant_rows_on_a_broken_reference_say_the_base_is_broken() -> None:
     assert cli.broken_reference_hint(cast(Any, [row("cache", "double-free")])) == ""  # a mutant's row alone
     said = cli.broken_reference_hint(cast(Any, [row("scheduler", None), row("scheduler", "self-preempt")]))
     assert "the reference fails at the scheduler level" in said and "mend the reference first" in said
+
+
+def test_a_bad_mutant_verdict_on_a_passing_reference_blames_the_checks() -> None:
+    """SURVIVED or WRONG-ID where the reference of that level passed is the checks' shortfall;
+    where it failed, the broken-base hint alone speaks."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    def row(level: str, mutant: object, verdict: str) -> Any:
+        return SimpleNamespace(target=SimpleNamespace(level=level, mutant=mutant), verdict=verdict)
+
+    assert cli.weak_checker_hint([]) == ""
+    said = cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "SURVIVED")]))
+    assert "SURVIVED: the campaign ran that mutant and no check failed" in said and "WRONG-ID" not in said
+    said = cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "WRONG-ID"), row("scheduler", "x", "SURVIVED")]))
+    assert "SURVIVED" in said and "WRONG-ID: caught, but first by a property" in said
+    assert cli.weak_checker_hint(cast(Any, [row("cache", None, "VIOLATION"), row("cache", "heap-drop", "WRONG-ID")])) == ""
