@@ -561,11 +561,11 @@ class Shadow:
         if self._rebuild is None and script_limit:
             self._script.broken = f"the {observer.engine} observer cannot rebuild this engine"
         self._ids = observer.ids()
-        none: list[str] = []
-        gaps = self._safely(lambda: observation_gaps({"GPU": observer.observe()}), none)
+        first = self._safely(observer.observe, None)  # the engine as shadow finds it
+        gaps = [] if first is None else observation_gaps({"GPU": first})
         for t in self.tallies:
             t.unchecked[observer.engine] = (*(what for part, what in WITHOUT if part in lacking(type(observer))), *gaps)
-        if not self._script.broken and not self._safely(self._fresh, False):
+        if not self._script.broken and not (first is not None and self._fresh(first)):
             self._script.broken = "shadow attached to an engine already in use (a replay starts from a fresh one)"
         self._reports = 0
         for label, obj, names in observer.targets():
@@ -573,9 +573,8 @@ class Shadow:
                 if callable(getattr(obj, name, None)):
                     self._wrap(label, obj, name)
 
-    def _fresh(self) -> bool:
-        """The engine is as its preamble builds it: nothing held, cached or missing."""
-        o = self.observer.observe()
+    def _fresh(self, o: Observation) -> bool:
+        """The engine, observed as `o`, is as its preamble builds it: nothing held, cached or missing."""
         return not o.tables and not o.cached and set(o.free or ()) == set(self._ids)
 
     # -- wrapping ------------------------------------------------------------------------
