@@ -196,7 +196,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
           + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach
-          + small_campaign_hint(args, bad) + broken_reference_hint(bad) + weak_checker_hint(bad))
+          + small_campaign_hint(args, bad) + broken_reference_hint(bad) + weak_checker_hint(bad, small(args)))
     return 0 if not bad else 1
 
 
@@ -248,11 +248,14 @@ def unwritable(option: str, path: str, is_dir: bool) -> str:
     return ""
 
 
+def small(args: argparse.Namespace) -> bool:
+    """A campaign smaller than the default one, which every mutant is held to (tests/test_mutants.py)."""
+    return bool(args.seeds < campaign.SEEDS or args.examples < campaign.EXAMPLES or args.steps < campaign.STEPS)
+
+
 def small_campaign_hint(args: argparse.Namespace, bad: Sequence[Row]) -> str:
-    """Why a mutant may survive: a campaign smaller than the default one, which every
-    mutant is held to (tests/test_mutants.py)."""
-    small = args.seeds < campaign.SEEDS or args.examples < campaign.EXAMPLES or args.steps < campaign.STEPS
-    if not small or not any(r.verdict == "SURVIVED" for r in bad):
+    """Why a mutant may survive: a campaign too small to reach its bug."""
+    if not small(args) or not any(r.verdict == "SURVIVED" for r in bad):
         return ""
     return (f"\n(a campaign smaller than the default --seeds {campaign.SEEDS} --examples {campaign.EXAMPLES} "
             f"--steps {campaign.STEPS} may not reach a mutant's bug)")
@@ -268,11 +271,14 @@ def broken_reference_hint(bad: Sequence[Row]) -> str:
             "reference with one change, so its row is judged on a broken base; mend the reference first)")
 
 
-def weak_checker_hint(bad: Sequence[Row]) -> str:
+def weak_checker_hint(bad: Sequence[Row], small: bool = False) -> str:
     """What a mutant's bad verdict says where the reference of its level passed: the
-    checks, not the reference, fell short of the catalogue."""
+    checks, not the reference, fell short of the catalogue (a SURVIVED of a `small`
+    campaign may be the campaign's: small_campaign_hint says so instead)."""
     broken = {r.target.level for r in bad if r.target.mutant is None}
     verdicts = {r.verdict for r in bad if r.target.mutant is not None and r.target.level not in broken}
+    if small:
+        verdicts.discard("SURVIVED")
     said = {"SURVIVED": "SURVIVED: the campaign ran that mutant and no check failed, so the checks are weaker than "
                         "its bug (did spec/, a machine or the audit change?)",
             "WRONG-ID": "WRONG-ID: caught, but first by a property its catalogue entry (oracle/mutants.py) does not "

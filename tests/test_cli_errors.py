@@ -481,3 +481,4 @@ def test_a_bad_mutant_verdict_on_a_passing_reference_blames_the_checks() -> None
     said = cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "WRONG-ID"), row("scheduler", "x", "SURVIVED")]))
     assert "SURVIVED" in said and "WRONG-ID: caught, but first by a property" in said
     assert cli.weak_checker_hint(cast(Any, [row("cache", None, "VIOLATION"), row("cache", "heap-drop", "WRONG-ID")])) == ""
+    assert cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "SURVIVED")]), small=True) == ""
