@@ -194,9 +194,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         write_json(args.json, rows)
     bad = [r for r in rows if not r.ok]
     reach = "" if tracker is None else "; " + report_reach(tracker, args.coverage_report)
+    unexpected = ", ".join(f"{r.target.name} ({r.target.level}) {r.verdict}" for r in bad)
+    shows = not args.show and any(r.result is not None and r.result.violation is not None for r in bad)
     print(f"\n{len(rows) - len(bad)} of {len(rows)} targets as expected"
-          + ("" if not bad else ": " + ", ".join(f"{r.target.name} {r.verdict}" for r in bad)) + reach
-          + small_campaign_hint(args, bad) + broken_reference_hint(bad) + weak_checker_hint(bad, small(args)))
+          + ("" if not bad else f"; not as expected: {unexpected}") + reach
+          + small_campaign_hint(args, bad) + broken_reference_hint(bad) + weak_checker_hint(bad, small(args))
+          + ("\n(--show prints each counterexample as numbered steps)" if shows else ""))
     return 0 if not bad else 1
 
 

@@ -489,6 +489,19 @@ def test_release_with_failed_write_still_frees_every_block() -> None:
     ok(cache)
 
 
+@pytest.mark.parametrize("done", [0, 1, 2])
+def test_a_partial_write_stores_only_its_leading_items(done: int) -> None:
+    cache = CacheManager(4, 0)
+    cache.match(R0, HS)
+    cache.allocate(R0, 3)
+    cache.commit(R0, HS[:2])
+    rep = cache.release(R0, HS)
+    assert rep.write is not None and [h for h, _ in rep.writes] == list(HS)
+    cache.complete(rep.write, Partial(done))
+    assert cache.stored == set(HS[:done]) and cache.gpu_pins == {} and cache.gpu.num_free == 2
+    ok(cache)
+
+
 def test_release_does_not_rewrite_stored_hashes() -> None:
     cache = CacheManager(4, 0)
     cache.match(R0, HS[:2])

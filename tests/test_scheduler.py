@@ -114,6 +114,7 @@ def test_a_hung_write_times_out_and_a_late_answer_is_ignored() -> None:
 
 @pytest.mark.parametrize("call, error", [
     (lambda rm: rm.finish([RequestId(9)]), UnknownRequest),
+    (lambda rm: rm.finish([R, RequestId(9)]), UnknownRequest),  # a batch is refused whole: R keeps running
     (lambda rm: rm.abort(RequestId(9)), UnknownRequest),
     (lambda rm: rm.submit(RequestId(9), [1] * 40), RequestTooLarge),
 ])
