@@ -458,7 +458,7 @@ def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: S
     steps = _Steps(s.cache.gpu_size - reserve)
     reported: set[str] = set()
     ops: set[object] = set()
-    last = 0  # the line of the event before this one (0: the header)
+    last = 0  # the line of the event before this one (0 before the first, when nothing is in flight)
     for count, (n, text) in enumerate(events, 1):
         ev = _parse(text, n)
         reported.update(_reported(ev))
