@@ -267,18 +267,23 @@ def small_campaign_hint(args: argparse.Namespace, bad: Sequence[Row]) -> str:
 def broken_reference_hint(bad: Sequence[Row]) -> str:
     """Why a mutant's verdict may be WRONG-ID or a kill may come too soon: the reference
     it is built on violates a property itself."""
-    broken = sorted({r.target.level for r in bad if r.target.mutant is None})
+    broken = sorted(failing_reference_levels(bad))
     if not broken:
         return ""
     return (f"\n(the reference fails at the {' and '.join(broken)} level: each mutant of that level is the "
             "reference with one change, so its row is judged on a broken base; mend the reference first)")
 
 
+def failing_reference_levels(bad: Sequence[Row]) -> set[str]:
+    """The levels whose reference row is among the rows not as expected."""
+    return {r.target.level for r in bad if r.target.mutant is None}
+
+
 def weak_checker_hint(bad: Sequence[Row], small: bool = False) -> str:
     """What a mutant's bad verdict says where the reference of its level passed: the
     checks, not the reference, fell short of the catalogue (a SURVIVED of a `small`
     campaign may be the campaign's: small_campaign_hint says so instead)."""
-    broken = {r.target.level for r in bad if r.target.mutant is None}
+    broken = failing_reference_levels(bad)
     verdicts = {r.verdict for r in bad if r.target.mutant is not None and r.target.level not in broken}
     if small:
         verdicts.discard("SURVIVED")

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -451,34 +452,27 @@ def test_a_reproduction_that_raises_something_else_confirms_no_valid_input_findi
     assert confirms("AssertionError: INV-CONSERVE: GPU block 2 is owned by nobody", "INV-CONSERVE", "INV-CONSERVE: x")
 
 
+def row(level: str, mutant: object, verdict: str = "") -> Any:
+    """A summary row as the hints read it: its target's level and mutant, and its verdict."""
+    return SimpleNamespace(target=SimpleNamespace(level=level, mutant=mutant), verdict=verdict)
+
+
 def test_mutant_rows_on_a_broken_reference_say_the_base_is_broken() -> None:
     """A bug in the reference is in every mutant built on it: their rows (WRONG-ID, a kill
     too soon) are no verdict on the checks, and the summary says to mend the reference."""
-    from types import SimpleNamespace
-    from typing import Any, cast
-
-    def row(level: str, mutant: object) -> Any:
-        return SimpleNamespace(target=SimpleNamespace(level=level, mutant=mutant))
-
     assert cli.broken_reference_hint([]) == ""
-    assert cli.broken_reference_hint(cast(Any, [row("cache", "double-free")])) == ""  # a mutant's row alone
-    said = cli.broken_reference_hint(cast(Any, [row("scheduler", None), row("scheduler", "self-preempt")]))
+    assert cli.broken_reference_hint([row("cache", "double-free")]) == ""  # a mutant's row alone
+    said = cli.broken_reference_hint([row("scheduler", None), row("scheduler", "self-preempt")])
     assert "the reference fails at the scheduler level" in said and "mend the reference first" in said
 
 
 def test_a_bad_mutant_verdict_on_a_passing_reference_blames_the_checks() -> None:
     """SURVIVED or WRONG-ID where the reference of that level passed is the checks' shortfall;
     where it failed, the broken-base hint alone speaks."""
-    from types import SimpleNamespace
-    from typing import Any, cast
-
-    def row(level: str, mutant: object, verdict: str) -> Any:
-        return SimpleNamespace(target=SimpleNamespace(level=level, mutant=mutant), verdict=verdict)
-
     assert cli.weak_checker_hint([]) == ""
-    said = cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "SURVIVED")]))
+    said = cli.weak_checker_hint([row("cache", "heap-drop", "SURVIVED")])
     assert "SURVIVED: the campaign ran that mutant and no check failed" in said and "WRONG-ID" not in said
-    said = cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "WRONG-ID"), row("scheduler", "x", "SURVIVED")]))
+    said = cli.weak_checker_hint([row("cache", "heap-drop", "WRONG-ID"), row("scheduler", "x", "SURVIVED")])
     assert "SURVIVED" in said and "WRONG-ID: caught, but first by a property" in said
-    assert cli.weak_checker_hint(cast(Any, [row("cache", None, "VIOLATION"), row("cache", "heap-drop", "WRONG-ID")])) == ""
-    assert cli.weak_checker_hint(cast(Any, [row("cache", "heap-drop", "SURVIVED")]), small=True) == ""
+    assert cli.weak_checker_hint([row("cache", None, "VIOLATION"), row("cache", "heap-drop", "WRONG-ID")]) == ""
+    assert cli.weak_checker_hint([row("cache", "heap-drop", "SURVIVED")], small=True) == ""
