@@ -457,17 +457,20 @@ def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: S
     before = _system_view(s, of_cache(s.cache))
     steps = _Steps(s.cache.gpu_size - reserve)
     reported: set[str] = set()
-    ops: set[object] = set()
+    ops: set[str] = set()
     last = 0  # the line of the event before this one (0 before the first, when nothing is in flight)
     for count, (n, text) in enumerate(events, 1):
         ev = _parse(text, n)
         reported.update(_reported(ev))
-        ops.add(ev.get("op"))
-        if ev.get("op") in SCHEDULING:
+        op = ev.get("op")
+        if not isinstance(op, str):  # (a list as op cannot even be looked up)
+            raise TraceFormatError(n, f"unknown op {op!r} for a scheduler-level trace")
+        ops.add(op)
+        if op in SCHEDULING:
             if len(ev) > 1:
                 extra = sorted(set(ev) - {"op"})
-                raise TraceFormatError(n, f"a {ev['op']} line carries nothing but its op, not {extra}")
-            found = steps.mark(ev.get("op"), s, before, n)
+                raise TraceFormatError(n, f"a {op} line carries nothing but its op, not {extra}")
+            found = steps.mark(op, s, before, n)
             if found:
                 return TraceReport(count, found, n, list(lines[:n]))
             last = n

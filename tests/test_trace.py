@@ -1,6 +1,7 @@
 """Traces: the reference's own trace is valid; a trace with each expressible bug class
 planted is refused with the property it breaks, at the line that shows it."""
 
+import functools
 import hashlib
 import io
 import json
@@ -9,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvoracle.oracle.cli import main
 from kvoracle.oracle.mutants import SelfPreempt, StarvingAdmit
@@ -425,3 +428,50 @@ def test_live_admits_count_starts_again_after_an_event_that_leaves_a_request_run
     assert check_trace(steps_trace([FIRST_STEP[0], *idle, *ran, *idle])).passed  # r0 ran between: a new count
     caught = check_trace(steps_trace([FIRST_STEP[0], *idle, {"op": "tick"}, *idle]))
     assert [v.id for v in caught.violations] == ["LIVE-ADMIT"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6)
+
+
+@functools.cache
+def recorded_traces() -> tuple[tuple[str, ...], ...]:
+    """Short traces of both levels, as the reference records them (observations included)."""
+    traces = []
+    for seed in (0, 1):
+        cache = io.StringIO()
+        record(cache, steps=40, seed=seed)
+        traces += [tuple(cache.getvalue().splitlines()), tuple(recorded_scheduler(ResourceManager, seed, 40))]
+    return tuple(traces)
+
+
+def damaged(data: st.DataObject, line: str) -> str:
+    """The JSON line with one value somewhere inside it (a field, an item, nested at any
+    depth) replaced by any JSON value, or left as it was where it holds nothing."""
+    whole = json.loads(line)
+    node = whole
+    while node:
+        key = data.draw(st.sampled_from(list(node) if isinstance(node, dict) else range(len(node))))
+        if isinstance(node[key], dict | list) and node[key] and data.draw(st.booleans()):
+            node = node[key]
+            continue
+        node[key] = data.draw(JSON_VALUES)
+        break
+    return json.dumps(whole)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_any_damage_to_a_recorded_trace_is_a_report_or_a_format_error(data: st.DataObject) -> None:
+    """Whatever an engine writes, check-trace answers with a verdict or a format error
+    naming a line, never a crash of its own (a list as an op once raised TypeError)."""
+    lines = list(data.draw(st.sampled_from(recorded_traces())))
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        lines[i] = damaged(data, lines[i])
+    try:
+        check_trace(lines)
+    except TraceFormatError:
+        pass
