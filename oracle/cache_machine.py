@@ -27,7 +27,7 @@ from kvoracle.oracle.engine import CACHE_LEVEL, BadInput, call_starts, view_of
 from kvoracle.oracle.engines.reference_cache import ReferenceCache
 from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.tiered import Blocks, Call, TieredAdapter, action_of
-from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, described, refused
+from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, raised_on_valid_call, refused
 from kvoracle.spec import liveness
 from kvoracle.spec.actions import CacheEvent, PreconditionError, apply_cache
 from kvoracle.spec.hashing import block_hashes
@@ -133,7 +133,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _escaped(name: str, e: BaseException) -> Violation:
         if name.endswith("evict_gpu"):
             return liveness.live_evict(None, 0, 0, None, raised=e)[0]
-        return Violation("VALID-INPUT", f"the engine raised {described(e)} on a valid {name}")
+        return raised_on_valid_call(name, e)
 
     def _refine(self, name: str, event: CacheEvent, got: CacheState | None) -> None:
         """`got`: the engine's abstraction after the call, when the audit already took it."""

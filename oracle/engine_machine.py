@@ -22,10 +22,13 @@ from kvoracle.oracle.cache_machine import PROMPTS, prompt
 from kvoracle.oracle.engine import REQUEST_LEVEL, REQUIRED_OPS, BadInput, EngineAdapter, NoRoom, Observation, Op, check, call_starts, view_of
 from kvoracle.spec import liveness
 from kvoracle.oracle.interrupts import stops
-from kvoracle.oracle.violations import PropertyViolated, described, kept
+from kvoracle.oracle.violations import PropertyViolated, described, kept, raised_on_valid_call
 from kvoracle.spec.invariants import Violation
 
 MAX_LIVE = 4
+PLACING = ("admit", "prefill", "grow")  # the calls an engine may refuse for want of room
+NO_ROOM_HINT = (" (where that is the engine refusing for want of room, the adapter must raise "
+                "oracle.engine.NoRoom instead, once the engine's state is as before the call)")
 
 
 @dataclass
@@ -90,8 +93,7 @@ class EngineMachine(RuleBasedStateMachine):
         except BaseException as e:
             if stops(e):
                 raise
-            why = f"the engine (or its adapter) raised {described(e)} on a valid call"
-            raise PropertyViolated(name, [Violation("VALID-INPUT", why)]) from e
+            raise PropertyViolated(name, [raised_on_valid_call(name, e, NO_ROOM_HINT if name in PLACING else "")]) from e
         self._count(name)
         threads.check(name)
         self._check(name)

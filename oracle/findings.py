@@ -37,7 +37,7 @@ from kvoracle.oracle.scheduler_machine import SchedulerMachine, drain_ticks, usa
 from kvoracle.oracle.scheduler_machine import next_record as scheduler_record
 from kvoracle.oracle.survival import ended_script
 from kvoracle.oracle.tiered import Blocks, Call, action_of
-from kvoracle.oracle.violations import PropertyViolated, described, refusal
+from kvoracle.oracle.violations import PropertyViolated, described, raised_on_valid_call, refusal
 from kvoracle.spec import invariants, liveness
 from kvoracle.spec import state as spec_state
 from kvoracle.spec import types as spec_types
@@ -184,6 +184,16 @@ def ended_reproduction(machine: type[RuleBasedStateMachine], steps: Sequence[str
     ])
 
 
+def scripted(adapter: object) -> bool:
+    """Whether an adapter class runs its calls from source text (oracle.engine.Scripted),
+    which a reproduction replays; a factory that is no class is taken to (it is tried)."""
+    return not isinstance(adapter, type) or issubclass(adapter, Scripted)
+
+
+NOT_SCRIPTED = ("  no reproduction: the adapter does not derive from oracle.engine.Scripted, whose calls a file "
+                "replays (docs/engines.md, \"Scripted\"); the numbered steps above are the program to replay")
+
+
 def campaign_suffix(result: RunResult, bad_input: bool) -> str:
     """The part of a reproduction's name that tells the bad-input campaign's finding of a
     valid call from the valid-input campaign's (a bad call's step names itself)."""
@@ -196,7 +206,7 @@ def write_reproduction(machine: type[RuleBasedStateMachine], result: RunResult, 
     """Write the reproduction of a campaign's finding into `repro_dir` as
     <engine><campaign>_<step>_<id>.py and run it once: the path, and what it failed with;
     None when the result has no engine calls to replay (`reproducible`)."""
-    if not reproducible(result):
+    if not reproducible(result) or not scripted(getattr(machine, "make_adapter", None)):
         return None
     assert result.violation is not None
     step = result.violation.step.removeprefix("bad_input:").replace(":", "_")
@@ -448,7 +458,7 @@ def _violations(pid: str, ev: Evidence) -> list[Violation]:
         escaped = ev.raised
         if isinstance(escaped, threads.ThreadDied):
             return [Violation(pid, str(escaped))]
-        return [] if escaped is None else [Violation(pid, f"the engine raised {described(escaped)} on a valid call")]
+        return [] if escaped is None else [raised_on_valid_call("the engine", escaped)]
     if pid == "LIVE-DRAIN":
         return _drained(ev.adapter(), ev.live)
     if pid == "LIVE-TRANSFER" and "started" in ev.record:

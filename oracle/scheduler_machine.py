@@ -33,7 +33,7 @@ from kvoracle.oracle.engine import SCHEDULER_LEVEL, BadInput, call_starts, sched
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
 from kvoracle.oracle.interrupts import stops
 from kvoracle.oracle.serving import SchedulerAdapter
-from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, described, refused
+from kvoracle.oracle.violations import PropertyViolated, abstraction_gone, raised_on_valid_call, refused
 from kvoracle.spec import liveness, scheduler
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import Event
@@ -271,7 +271,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ended = {r for r, s in now.items() if s is not statuses.get(r) and s in (*EXITED, Status.PREEMPTED)}
         # storage or swap errors must never escape the scheduler; one that did comes first:
         # the state it left half-changed is what the properties after it see
-        found = [] if escaped is None else [Violation("VALID-INPUT", f"{name} raised {described(escaped)} on a valid call")]
+        found = [] if escaped is None else [raised_on_valid_call(name, escaped)]
         found += [v for r in sorted(ended | set(exiting)) for v in liveness.live_exit(before, after, request_name(r))]
         got = e.state()
         if self.audit.due():

@@ -129,6 +129,12 @@ def described(e: BaseException) -> str:
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text):,} characters)"
 
 
+def raised_on_valid_call(call: str, e: BaseException, hint: str = "") -> Violation:
+    """VALID-INPUT: an exception escaped the valid call `call` (findings' reproductions
+    find the exception's class in this wording: findings._RAISED)."""
+    return Violation("VALID-INPUT", f"{call} raised {described(e)} on a valid call{hint}")
+
+
 def refused(name: str, error: type[Exception], call: Callable[[], bool], snapshot: Callable[[], object],
             made: Callable[[], None]) -> None:
     """A bad call must be refused with `error` and change nothing. `call` makes it and
