@@ -29,7 +29,7 @@ import numbers
 import re
 import sys
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import CodeType
@@ -203,20 +203,56 @@ class MalformedObservation(TypeError):
 
 
 _COLLECTIONS = frozenset({tuple, list, set, frozenset, dict})  # the usual ones, known without an ABC check
+_MAPPINGS = {"tables": "request to its blocks", "refcounts": "block to its count",
+             "counters": "name to (reported, recounted)", "tokens": "request to its tokens computed"}
 
 
 def shaped(name: str, o: Observation, most: int | None = None) -> None:
     """MalformedObservation where a field of `o` is not what Observation says it is (and,
-    given `most`, where `ids` holds more ids than that)."""
+    given `most`, where `ids` holds more ids than that, or a field names a block by
+    anything but an integer: a walk over every id, made once, before a campaign)."""
     if not isinstance(o.ids, range):
         raise MalformedObservation(f"the {name} observation's ids must be a range, not {o.ids!r}")
     if most is not None and o.ids.stop - o.ids.start > most * abs(o.ids.step):  # len() overflows past 2**63
         raise MalformedObservation(f"the {name} observation's ids must be at most {most:,} block ids, not {o.ids!r}")
-    for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable"):
+    for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable", "waiting", "pinned"):
         value = getattr(o, field_name)
         if value is not None and type(value) not in _COLLECTIONS and not isinstance(value, Collection):
             raise MalformedObservation(f"the {name} observation's {field_name} is a {type(value).__name__}, "
                                        "not a collection (read more than once)")
+    if o.counters is None:  # (no counters is {}, as the default)
+        raise MalformedObservation(f"the {name} observation's counters are None: give {{}} for none")
+    for field_name, holds in _MAPPINGS.items():
+        value = getattr(o, field_name)
+        if value is not None and type(value) is not dict and not isinstance(value, Mapping):
+            raise MalformedObservation(f"the {name} observation's {field_name} is a {type(value).__name__}, "
+                                       f"not a mapping of {holds}")
+    if any(type(pair) is not tuple and not isinstance(pair, Sequence) or len(pair) != 2 for pair in o.counters.values()):
+        raise MalformedObservation(f"the {name} observation's counters must map each name to a pair (reported, "
+                                   f"recounted), not {dict(o.counters)!r}")
+    for r, table in (o.tables or {}).items():
+        if type(table) not in _COLLECTIONS and not isinstance(table, Collection):
+            raise MalformedObservation(f"the {name} observation's table of {r!r} is a {type(table).__name__}, "
+                                       "not a collection of blocks")
+    for b, readers in (o.pinned.items() if isinstance(o.pinned, Mapping) else ()):
+        if type(readers) not in _COLLECTIONS and not isinstance(readers, Collection):
+            raise MalformedObservation(f"the {name} observation's pinned maps block {b!r} to a "
+                                       f"{type(readers).__name__}, not to the requests it is read for")
+    if most is not None:
+        _integer_ids(name, o)
+
+
+def _integer_ids(name: str, o: Observation) -> None:
+    """MalformedObservation where a field of `o` names a block by anything but an integer."""
+    fields: dict[str, Iterable[object] | None] = {
+        "free": o.free, "evictable": o.evictable, "in_flight": o.in_flight, "cached": o.cached,
+        "refcounts": o.refcounts, "pinned": o.pinned,
+        "tables": None if o.tables is None else (b for table in o.tables.values() for b in table)}
+    for field_name, ids in fields.items():
+        for b in ids or ():
+            if not isinstance(b, numbers.Integral) or isinstance(b, bool):
+                raise MalformedObservation(f"the {name} observation's {field_name} names a block by {b!r}, "
+                                           "not by its integer id")
 
 
 def tier_view(name: str, o: Observation) -> TierView:
@@ -229,8 +265,13 @@ def tier_view(name: str, o: Observation) -> TierView:
         reads=None if o.pinned is None else (
             dict(o.pinned) if isinstance(o.pinned, Mapping) else {b: ("",) for b in o.pinned}),
         evictable=None if o.evictable is None else frozenset(o.evictable),
-        refcounts=o.refcounts, counters=o.counters, nodes=o.nodes, findable=o.findable,
+        refcounts=o.refcounts, counters=o.counters, nodes=_set(o.nodes), findable=_set(o.findable),
     )
+
+
+def _set(names: Collection[str] | None) -> frozenset[str] | None:
+    """A field the properties take set differences of, whatever collection it came as."""
+    return None if names is None else frozenset(names)
 
 
 def view_of(o: Observation, cpu: Observation | None = None, live: Mapping[str, int] | None = None,
@@ -243,7 +284,7 @@ def view_of(o: Observation, cpu: Observation | None = None, live: Mapping[str, i
     return View(
         tier_view("GPU", o), None if cpu is None else tier_view("CPU", cpu), tables=o.tables,
         live=None if live is None else frozenset(live),
-        queued=o.waiting if o.waiting is not None else frozenset(),  # an engine without a queue holds none
+        queued=_set(o.waiting) or frozenset(),  # an engine without a queue holds none
         computed=computed, block_size=block_size,
     )
 

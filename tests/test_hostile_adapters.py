@@ -220,6 +220,43 @@ def test_an_observation_no_property_can_be_judged_on_is_said_to_be_the_adapters(
     assert view_of(replace(seen, ids=range(MOST_BLOCKS + 1))).gpu.ids == range(MOST_BLOCKS + 1)
 
 
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("tables", (1, 2), "tables is a tuple, not a mapping"),
+    ("refcounts", [1, 2], "refcounts is a list, not a mapping"),
+    ("tokens", frozenset({"r0"}), "tokens is a frozenset, not a mapping"),
+    ("counters", {"gpu.num_free": 3}, "counters must map each name to a pair"),
+    ("counters", None, "counters are None"),
+    ("tables", {"r0": 3}, "table of 'r0' is a int, not a collection"),
+    ("pinned", {0: 2}, "pinned maps block 0 to a int"),
+])
+def test_a_field_of_the_wrong_kind_is_said_to_be_the_adapters(field: str, value: object, said: str) -> None:
+    """A tuple for the tables, a bare number for a counter's pair: each once raised
+    AttributeError or TypeError from spec/'s properties, as if the engine had."""
+    odd = replace(ReferenceAdapter().observe(), **{field: value})
+    with pytest.raises(MalformedObservation, match=said):
+        view_of(odd)
+
+
+def test_a_set_given_as_a_list_is_judged_as_the_set() -> None:
+    """The properties take set differences of nodes, findable and waiting."""
+    seen = ReferenceAdapter().observe()
+    listed = replace(seen, nodes=["a"], findable=["a", "b"], waiting=["r1"])  # type: ignore[arg-type]
+    assert [v.id for v in check(view_of(listed))] == ["INV-HEAP-SOUND"]
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [("free", ("0",), "'0'"), ("evictable", (None,), "None"),
+                                                       ("tables", {"r0": (1.5,)}, "1.5"), ("in_flight", (True,), "True")])
+def test_the_first_look_names_a_block_that_is_not_an_integer(field: str, value: object, named: str) -> None:
+    odd = replace(ReferenceAdapter().observe(), **{field: value})
+
+    class Odd(ReferenceAdapter):
+        def observe(self) -> Observation:
+            return odd
+
+    assert preflight(Odd).problem == ("returned an observation no property can be judged on: the GPU observation's "
+                                      f"{field} names a block by {named}, not by its integer id")
+
+
 class StatusesBreak(ReferenceScheduler):
     """Its statuses() raises once the engine has taken a few calls (an adapter's own bug)."""
     name = "statuses-break"
