@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 import importlib.util
 import json
@@ -22,7 +23,7 @@ from kvoracle.oracle import campaign
 from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, run_seeds, shown
 from kvoracle.oracle.violations import Baseline
 from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
-from kvoracle.oracle.findings import standalone, write_reproduction
+from kvoracle.oracle.findings import NOT_SCRIPTED, scripted, standalone, write_reproduction
 from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
@@ -211,7 +212,9 @@ def check_problem(args: argparse.Namespace) -> str:
             return f"{flag} needs --engine or --adapter"
     levels = {m.name: m.level for m in MUTANTS}
     if args.mutant and args.mutant not in levels:
-        return f"no mutant named {args.mutant!r}; known: {', '.join(sorted(levels))}"
+        near = difflib.get_close_matches(args.mutant.replace("_", "-"), levels, n=1)
+        return (f"no mutant named {args.mutant!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                + f" (known: {', '.join(sorted(levels))})")
     level = levels.get(args.mutant or "")
     if level and args.level not in ("all", level):
         return f"{args.mutant} is a {level}-level mutant; use --level {level} (or leave --level out)"
@@ -247,7 +250,7 @@ def unwritable(option: str, path: str, is_dir: bool) -> str:
     try:
         tempfile.TemporaryFile(dir=where).close()
     except OSError as e:
-        return f"{option} {path}: {where} is not writable ({e.strerror or e})"
+        return f"{option} {path}: no file can be made in {where} ({e.strerror or e})"
     return ""
 
 
@@ -474,6 +477,8 @@ def reproduce(row: Row, repro_dir: Path) -> None:
     use_target_faults(row.target)  # the campaign's draws (it ran in a process of its own)
     written = write_reproduction(row.target.machine(), row.result, repro_dir, row.target.name)
     if written is None:
+        if row.result.violation is not None and not scripted(row.target.adapter):
+            print(f"{row.target.name} ({row.target.level}):\n{NOT_SCRIPTED}")
         return
     path, failure = written
     print(f"{row.target.name} ({row.target.level}):\n{standalone(path, failure, row.result.first_id, str(row.result.violation))}")
@@ -495,8 +500,11 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
     refused = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
                                      ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
                                      ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),
-                                     ("--workers", args.workers > 1), ("--ray", args.ray),
-                                     ("--repro-dir", args.repro_dir and not issubclass(adapter, Scripted))) if on]
+                                     ("--workers", args.workers > 1), ("--ray", args.ray)) if on]
+    if args.repro_dir and not scripted(adapter):
+        print("kvoracle check: --repro-dir: the adapter does not derive from oracle.engine.Scripted, so no "
+              "reproduction is written", file=sys.stderr)
+        return 2
     if refused:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
@@ -544,6 +552,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print("\n".join(numbered(r.result)))
         if r.reproduction is not None:
             print(standalone(r.reproduction, r.reproduces, r.result.first_id, str(r.result.violation)))
+        elif not scripted(adapter):
+            print(NOT_SCRIPTED)
     if args.json:
         write_json(args.json, [as_row(adapter, r) for r in rows])
     found = [r for r in rows if r.result.violation is not None]
@@ -623,10 +633,15 @@ def chosen_adapter(args: argparse.Namespace) -> tuple[type, str]:
 def import_adapter(spec: str) -> type:
     """--adapter's class. Its module is imported here first, so that whatever the import
     raises (a missing dependency, the module's own error) is said in one line, naming it."""
-    from kvoracle.oracle.engines import file_module, load_adapter
+    from kvoracle.oracle.engines import adapter_location, file_module, load_adapter, name_taken
 
-    where = spec.rpartition(":")[0]
-    if where and (not where.endswith(".py") or Path(where).is_file()):
+    try:
+        where = adapter_location(spec)[0]
+    except ValueError as e:
+        raise ValueError(f"--adapter {spec}: {e}") from None
+    if where.endswith(".py") and Path(where).is_file() and (taken := name_taken(Path(where))):
+        raise ValueError(f"--adapter {spec}: {taken}")
+    if not where.endswith(".py") or Path(where).is_file():
         try:
             file_module(where) if where.endswith(".py") else importlib.import_module(where)
         except Exception as e:
@@ -707,7 +722,7 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
         print(f"kvoracle check-trace: {args.file}: {e}", file=sys.stderr)
         return 2
     if report.passed:
-        print(f"{args.file}: {report.events} events, no violation")
+        print(f"{args.file}: {report.events} event{'' if report.events == 1 else 's'}, no violation")
         if report.unfinished:
             print(f"note: {report.unfinished}")
         for gap in report.unchecked:
@@ -720,7 +735,7 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     named = decimal_hashes(report.violations[:8])
     if named:
         print(f"  (the trace writes these hashes in decimal: {named})")
-    shown = [(n, line) for n, line in enumerate(report.prefix, 1) if line]  # by the file's line numbers
+    shown = [(n, line) for n, line in enumerate(report.prefix, 1) if line.strip()]  # by the file's line numbers
     print(f"\nthe shortest prefix that shows it ({len(shown)} lines):")
     for n, line in shown:
         print(f"  {n:>4}  {line if len(line) <= 160 else line[:157] + '...'}")

@@ -51,7 +51,8 @@ class Pulse:
         if self.failed_at is None:
             return ran
         programs, at = self.failed_at
-        return f"{ran}; shrinking program {programs:,}'s failure ({at:,.0f} s): {self.programs - programs:,} replays"
+        return (f"{ran}; shrinking program {programs:,}'s failure (found at {at:,.0f} s): "
+                f"{self.programs - programs:,} replays in {seconds - at:,.0f} s")
 
     def _show(self, steps: int, seconds: float) -> None:
         text = self.line(steps, seconds)

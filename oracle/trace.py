@@ -139,11 +139,12 @@ def _checked(obj: Mapping[str, object], fields: Fields, line: int, what: str, al
     """A format error naming the missing fields of `obj` and those it should not have."""
     required, optional = fields
     missing = sorted(required - obj.keys())
-    if missing:
-        raise TraceFormatError(line, f"{what} lacks {', '.join(missing)}")
     unknown = sorted(k for k in obj.keys() - required - optional - also if not k.startswith("_"))
+    known = ", ".join(sorted(required | optional | also))
+    if missing:  # a field misspelt is both: say both
+        beside = f", and has no field {', '.join(map(repr, unknown))} (its fields: {known})" if unknown else ""
+        raise TraceFormatError(line, f"{what} lacks {', '.join(missing)}{beside}")
     if unknown:
-        known = ", ".join(sorted(required | optional | also))
         raise TraceFormatError(line, f"{what} has no field {', '.join(map(repr, unknown))} (its fields: {known}; "
                                      "an engine's own notes go in fields whose names start with _)")
 

@@ -21,6 +21,7 @@ import pytest
 from kvoracle.oracle import cli
 from kvoracle.oracle.cli import main
 from kvoracle.oracle.engine import size_problem
+from kvoracle.oracle.findings import NOT_SCRIPTED
 from kvoracle.oracle.workers import each_alone
 from kvoracle.proofs import compiled
 
@@ -363,13 +364,105 @@ def test_a_leak_an_observation_cannot_show_is_said_to_be_unseen(minimal: Path, t
     assert re.search(r"note \(minimal\): [\d,]+ of [\d,]+ steps were admissions or growths refused", out), out
 
 
+PLAIN = '''
+from kvoracle.oracle.engine import NoRoom, Observation, Op
+from plain_engine import Engine
+
+
+class Plain:
+    """An adapter that calls its engine directly, not through Scripted."""
+    name = "plain"
+    block_size = 2
+    operations = frozenset({Op.ADMIT, Op.FINISH})
+    bad_inputs = frozenset()
+
+    def __init__(self):
+        self.engine = Engine()
+
+    def admit(self, rid, tokens):
+        if not self.engine.admit(rid, len(tokens)):
+            raise NoRoom(rid)
+        return 0
+
+    def finish(self, rid):
+        self.engine.finish(rid)
+
+    def observe(self):
+        return Observation(ids=range(8), free=tuple(self.engine.free), tables=dict(self.engine.tables),
+                           cached=frozenset())
+
+    def script(self):
+        return []
+'''
+
+
+def test_a_finding_of_an_adapter_that_is_not_scripted_says_why_it_has_no_reproduction(
+        minimal: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its calls are no text a file can replay: the file written used to hold kvoracle's
+    own traceback."""
+    folder = minimal.parent
+    (folder / "plain_engine.py").write_text(SIBLING.replace("self.free += self.tables.pop(rid)",
+                                                            "self.free += self.tables.pop(rid)[1:]"))
+    (folder / "plain_adapter.py").write_text(PLAIN)
+    plain = f"{folder / 'plain_adapter.py'}:Plain"
+    monkeypatch.chdir(tmp_path)  # where out/repro would be
+    assert main(["check", "--adapter", plain, *TINY]) == 1
+    out = capsys.readouterr().out
+    assert "INV-CONSERVE" in out and NOT_SCRIPTED in out.splitlines(), out
+    assert not (tmp_path / "out").exists()
+    assert refused(["check", "--adapter", plain, "--repro-dir", "r"], capsys).endswith(
+        "--repro-dir: the adapter does not derive from oracle.engine.Scripted, so no reproduction is written")
+
+
+def test_a_method_of_the_protocol_that_is_no_method_is_refused(minimal: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    minimal.write_text(minimal.read_text().replace("    def finish(self, rid):", "    finish = None\n\n    def _finish(self, rid):"))
+    err = refused(["check", "--adapter", f"{minimal}:Minimal"], capsys)
+    assert "Minimal lacks finish (a NoneType, not a method) of the EngineAdapter Protocol" in err
+
+
+def test_an_operation_defined_but_not_declared_is_said_to_go_unchecked(minimal: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    minimal.write_text(minimal.read_text().replace("    def finish(self, rid):",
+                                                   "    def grow(self, rid, tokens):\n        raise NoRoom(rid)\n\n"
+                                                   "    def finish(self, rid):"))
+    assert main(["check", "--adapter", f"{minimal}:Minimal", *TINY]) == 0
+    assert ("not checked: Op.GROW: the adapter defines grow() but its operations leave Op.GROW out, so no campaign "
+            "calls it") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("mine/alloc:X", "mine/alloc is neither a file (name it with .py: mine/alloc.py:X) nor a module (dotted: mine.alloc:X)"),
+    ("mine/alloc.py::X", "an adapter is named MODULE:CLASS or FILE.py:CLASS (one colon), not 'mine/alloc.py::X'"),
+])
+def test_an_adapter_named_the_wrong_way_is_told_the_right_way(spec: str, says: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert refused(["check", "--adapter", spec], capsys) == f"kvoracle check: --adapter {spec}: {says}"
+
+
+@pytest.mark.parametrize("stem, whose", [("queue", "Python's own"), ("hypothesis", "an imported")])
+def test_an_adapter_file_named_as_a_module_in_use_is_refused(stem: str, whose: str, minimal: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Loaded under its name, it replaced that module for everything imported after it."""
+    shadow = minimal.with_name(f"{stem}.py")
+    shadow.write_text(minimal.read_text())
+    err = refused(["check", "--adapter", f"{shadow}:Minimal"], capsys)
+    assert err.endswith(f"would be loaded as the module {stem!r}, the name of {whose} module: rename the file")
+    assert sys.modules[stem].__file__ != str(shadow)
+
+
+def test_a_misspelt_mutant_is_told_the_nearest_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "no mutant named 'heap_drop'; did you mean 'heap-drop'? (known: " in refused(
+        ["check", "--mutant", "heap_drop"], capsys)
+
+
 @pytest.mark.parametrize("change, says", [
-    ("operations = [Op.ADMIT, Op.FINISH]", "operations must be a frozenset of Op members"),
-    ("operations = frozenset({'admit', 'finish'})", "operations must be a frozenset of Op members"),
+    ("operations = [Op.ADMIT, Op.FINISH]", "operations must be a frozenset (or set) of Op members"),
+    ("operations = frozenset({'admit', 'finish'})", "operations must be a frozenset (or set) of Op members"),
     ("operations = frozenset({Op.ADMIT})", "operations must include Op.FINISH"),
     ("operations = frozenset({Op.ADMIT, Op.FINISH, Op.GROW})", "operations declares Op.GROW but the class has no grow()"),
     ("block_size = 0", "block_size = 0 (an int of at least 1 is needed)"),
-    ("bad_inputs = ()", "bad_inputs must be a frozenset of BadInput members, not ()"),
+    ("bad_inputs = ()", "bad_inputs must be a frozenset (or set) of BadInput members, not ()"),
 ])
 def test_what_an_adapter_declares_is_checked_before_any_campaign(change: str, says: str, minimal: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:

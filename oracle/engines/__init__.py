@@ -102,11 +102,21 @@ def how_to_get(e: Engine) -> str:
             f"'{e.requires}>={low},<={high}'); from a kvoracle checkout, `make engines` builds {e.venv} with one")
 
 
+def adapter_location(spec: str) -> tuple[str, str]:
+    """The file or module and the class an adapter's name gives (ValueError, saying how
+    to write it, where it gives neither)."""
+    where, sep, cls_name = spec.rpartition(":")
+    if not sep or not where or not cls_name or where.endswith(":"):
+        raise ValueError(f"an adapter is named MODULE:CLASS or FILE.py:CLASS (one colon), not {spec!r}")
+    if not where.endswith(".py") and ("/" in where or "\\" in where):
+        raise ValueError(f"{where} is neither a file (name it with .py: {where}.py:{cls_name}) nor a module "
+                         f"(dotted: {where.replace('/', '.').replace(chr(92), '.')}:{cls_name})")
+    return where, cls_name
+
+
 def load_adapter(spec: str) -> type:
     """Your own adapter: `package.module:Class` or `path/to/file.py:Class`."""
-    where, sep, cls_name = spec.rpartition(":")
-    if not sep or not where or not cls_name:
-        raise ValueError(f"an adapter is named MODULE:CLASS or FILE.py:CLASS, not {spec!r}")
+    where, cls_name = adapter_location(spec)
     module = file_module(Path(where)) if where.endswith(".py") else importlib.import_module(where)
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
@@ -115,6 +125,20 @@ def load_adapter(spec: str) -> type:
         setattr(cls, "kvoracle_source", f"{Path(where).resolve()}:{cls_name}")
     protocol_of(cls)  # raises, naming what is missing
     return cls
+
+
+def name_taken(path: Path) -> str:
+    """Why the file cannot be loaded under its name ('' : it can): a module of that name
+    is Python's own or already imported (not this file, nor a file loaded here before),
+    and loading the file would replace it for everyone."""
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        return ""  # this very file
+    ours = loaded is None or getattr(loaded, "kvoracle_file", False)
+    if ours and path.stem not in sys.stdlib_module_names:
+        return ""
+    whose = "Python's own" if path.stem in sys.stdlib_module_names else "an imported"
+    return f"{path} would be loaded as the module {path.stem!r}, the name of {whose} module: rename the file"
 
 
 def file_module(where: str | Path) -> ModuleType:
@@ -126,6 +150,8 @@ def file_module(where: str | Path) -> ModuleType:
     loaded = sys.modules.get(path.stem)
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
         return loaded
+    if problem := name_taken(path):
+        raise ValueError(problem)
     folder = str(path.resolve().parent)
     if folder not in sys.path:  # it may import the files beside it (last: none of them hides a module kvoracle uses)
         sys.path.append(folder)
@@ -136,6 +162,17 @@ def file_module(where: str | Path) -> ModuleType:
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _lacking(protocol: type, cls: type, name: str) -> str:
+    """How `cls` lacks the Protocol's member `name` ('': it has it): a method of the
+    Protocol must be one of the class too (`finish = None` is no finish)."""
+    if not hasattr(cls, name):
+        return name
+    have = getattr(cls, name)
+    if callable(getattr(protocol, name, None)) and not callable(have):
+        return f"{name} (a {type(have).__name__}, not a method)"
+    return ""
 
 
 def _members(protocol: type, cls: type) -> set[str]:
@@ -152,7 +189,8 @@ def protocol_of(cls: type) -> str:
     """Which adapter Protocol `cls` implements: "engine" (oracle.engine, the engine
     machine), "cache" (oracle.tiered, the cache machine) or "scheduler" (oracle.serving,
     the scheduler machine)."""
-    missing = {level: sorted(n for n in _members(p, cls) if not hasattr(cls, n)) for level, p in PROTOCOLS.items()}
+    missing = {level: sorted(filter(None, (_lacking(p, cls, n) for n in _members(p, cls))))
+               for level, p in PROTOCOLS.items()}
     for level, lacks in missing.items():
         if not lacks:
             if level == "engine":
@@ -173,7 +211,7 @@ def _check_declarations(cls: type) -> None:
     if problem := size_problem("block_size", size, 1):
         wrong.append(problem)
     if not isinstance(ops, (set, frozenset)) or not all(isinstance(op, Op) for op in ops):
-        wrong.append(f"operations must be a frozenset of Op members (Op.ADMIT, ...), not {ops!r}")
+        wrong.append(f"operations must be a frozenset (or set) of Op members (Op.ADMIT, ...), not {ops!r}")
     else:
         needed = [op.value for op in REQUIRED_OPS if op not in ops]
         if needed:
@@ -181,6 +219,6 @@ def _check_declarations(cls: type) -> None:
         wrong += [f"operations declares Op.{op.name} but the class has no {op.value}()" for op in sorted(
             ops, key=lambda o: o.value) if not hasattr(cls, op.value)]
     if not isinstance(bad, (set, frozenset)) or not all(isinstance(b, BadInput) for b in bad):
-        wrong.append(f"bad_inputs must be a frozenset of BadInput members, not {bad!r}")
+        wrong.append(f"bad_inputs must be a frozenset (or set) of BadInput members, not {bad!r}")
     if wrong:
         raise ValueError(f"{cls.__name__}: {'; '.join(wrong)}")
