@@ -421,16 +421,6 @@ def test_a_method_of_the_protocol_that_is_no_method_is_refused(minimal: Path,
     assert "Minimal lacks finish (a NoneType, not a method) of the EngineAdapter Protocol" in err
 
 
-def test_an_operation_defined_but_not_declared_is_said_to_go_unchecked(minimal: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    minimal.write_text(minimal.read_text().replace("    def finish(self, rid):",
-                                                   "    def grow(self, rid, tokens):\n        raise NoRoom(rid)\n\n"
-                                                   "    def finish(self, rid):"))
-    assert main(["check", "--adapter", f"{minimal}:Minimal", *TINY]) == 0
-    assert ("not checked: Op.GROW: the adapter defines grow() but its operations leave Op.GROW out, so no campaign "
-            "calls it") in capsys.readouterr().out
-
-
 @pytest.mark.parametrize("spec, says", [
     ("mine/alloc:X", "mine/alloc is neither a file (name it with .py: mine/alloc.py:X) nor a module (dotted: mine.alloc:X)"),
     ("mine/alloc.py::X", "an adapter is named MODULE:CLASS or FILE.py:CLASS (one colon), not 'mine/alloc.py::X'"),

@@ -232,7 +232,7 @@ def test_an_observation_no_property_can_be_judged_on_is_said_to_be_the_adapters(
 def test_a_field_of_the_wrong_kind_is_said_to_be_the_adapters(field: str, value: object, said: str) -> None:
     """A tuple for the tables, a bare number for a counter's pair: each once raised
     AttributeError or TypeError from spec/'s properties, as if the engine had."""
-    odd = replace(ReferenceAdapter().observe(), **{field: value})
+    odd = replace(ReferenceAdapter().observe(), **{field: value})  # type: ignore[arg-type]  # the lie told
     with pytest.raises(MalformedObservation, match=said):
         view_of(odd)
 
@@ -247,7 +247,7 @@ def test_a_set_given_as_a_list_is_judged_as_the_set() -> None:
 @pytest.mark.parametrize(("field", "value", "named"), [("free", ("0",), "'0'"), ("evictable", (None,), "None"),
                                                        ("tables", {"r0": (1.5,)}, "1.5"), ("in_flight", (True,), "True")])
 def test_the_first_look_names_a_block_that_is_not_an_integer(field: str, value: object, named: str) -> None:
-    odd = replace(ReferenceAdapter().observe(), **{field: value})
+    odd = replace(ReferenceAdapter().observe(), **{field: value})  # type: ignore[arg-type]  # the lie told
 
     class Odd(ReferenceAdapter):
         def observe(self) -> Observation:

@@ -115,6 +115,9 @@ class ToyAdapter(Scripted):
         if not self.run(f"_ = engine.prefill({rid!r}, {list(tokens)})"):
             raise NoRoom(rid)
 
+    def grow(self, rid: str, tokens: Sequence[int]) -> None:
+        raise NotImplementedError  # Op.GROW is not declared
+
     def finish(self, rid: str) -> None:
         self.run(f"engine.finish({rid!r})")
 
