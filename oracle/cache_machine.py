@@ -195,10 +195,13 @@ class CacheMachine(RuleBasedStateMachine):
 
     @precondition(lambda m: len(m.live) < 4)
     @rule(p=st.integers(0, len(PROMPTS) - 1), then=settle, prefill=st.booleans(), chunk=st.integers(0, 3),
-          budget=st.integers(0, 2), cold=st.integers(0, 3))
+          budget=st.integers(0, 3), cold=st.integers(0, 3))
     def admit(self, p: int, then: Outcome | None, prefill: bool, chunk: int, budget: int, cold: int) -> None:
         """Match the prompt's prefix, swapping in and prefetching at most `budget` blocks
-        (0: as many as it lacks; an engine without `match_limits` always gets that), and
+        (0: as many as it lacks; 3: a limit above the free list's length, of which the
+        engine may take only what is free, and where the prompt does not fit, the match is
+        made anyway and released at once, as a scheduler does with a request that must
+        wait; an engine without `match_limits` always gets as many as it lacks), and
         allocate the first `chunk` blocks of the rest (0: all of it), evicting first if
         needed. With `then`, the swap-in or prefetch the match started completes at once;
         with `prefill`, the full blocks placed so far are committed when nothing is in
@@ -223,11 +226,18 @@ class CacheMachine(RuleBasedStateMachine):
         blocks = -(-len(tokens) // e.block_size)
         self._make_room(blocks - e.gpu_hits(asked))
         need = blocks - e.gpu_hits(asked)
-        if need > e.free_gpu():
+        limits = getattr(e, "match_limits", True)
+        fits = need <= e.free_gpu()
+        if not fits and (budget != 3 or not limits):
             return  # no room: admission waits
         self.live[r] = Live(tokens, blocks)  # before the call: the check after it expects the request
-        limit = min(budget, need) if budget and getattr(e, "match_limits", True) else need
+        limit = need if not budget or not limits else e.free_gpu() + 1 if budget == 3 else min(budget, need)
         self._step("match", Call("match", (r, asked), limit))
+        if not fits:  # as a scheduler whose request does not fit: what the match took goes back, and it waits
+            del self.live[r]
+            self.gone.append(r)
+            self._step("release", Call("release", (r, Blocks((), ()))), exiting=r)
+            return
         self.live[r].placed = len(e.table(r))
         rest = blocks - self.live[r].placed
         self._allocate(r, rest if chunk == 0 else min(chunk, rest))

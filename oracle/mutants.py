@@ -196,7 +196,8 @@ CACHE_MUTANTS: tuple[Mutant, ...] = (
            # a GPU id past the CPU pool's end, once handed out, makes the next copy into it raise
            frozenset({"INV-TIER", "INV-CONSERVE", "VALID-INPUT"}), CrossTier),
     Mutant("duplicate-overwrite", 8, "Duplicate hash overwrites an existing child",
-           "commit inserts without looking for an existing child", frozenset({"INV-TREE"}), DuplicateOverwrite),
+           "commit inserts without looking for an existing child", frozenset({"INV-TREE", "INV-CONSERVE"}),
+           DuplicateOverwrite),  # the child it replaced is detached, its block owned by nobody
     Mutant("recycle-listed", 9, "Block recycled while a request's table lists it",
            "on a hash collision commit frees the request's block but keeps it listed", frozenset({"INV-NO-UAF"}), RecycleListed),
     Mutant("wedged-eviction", 12, "A failed transfer leaves eviction wedged",

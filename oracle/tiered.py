@@ -62,7 +62,8 @@ class TieredAdapter(Protocol):
     # have ("ok", "error", "timeout", "partial"; a synchronous swap: {"ok"}); the machine draws
     # only those. Absent: every outcome. And `match_limits: bool`: False for an engine that
     # picks its own swap and prefetch budget (the machine then always passes `limit` = the
-    # blocks the request lacks). Absent: True, the machine draws limits below that too.
+    # blocks the request lacks). Absent: True, the machine draws limits below that too, and
+    # above the free blocks (then it also matches a prompt that does not fit, and releases it).
 
     # --- what a scheduler asks before it calls ------------------------------------------
     def free_gpu(self) -> int: ...

@@ -412,6 +412,21 @@ def test_match_takes_every_cpu_and_storage_hit_the_limit_allows(limit: int | Non
     ok(cache)
 
 
+@pytest.mark.parametrize("limit", [2, 5, None])
+def test_a_limit_above_the_free_blocks_takes_only_what_is_free(limit: int | None) -> None:
+    """A caller's limit is a ceiling, not a promise of room: with one GPU block free, the
+    match swaps in the CPU hit and stops there (24th blind run: a match that trusted the
+    limit raised OutOfBlocks after it had taken the block)."""
+    cache = three_tiers()
+    cache.match(R2, [])
+    cache.allocate(R2, cache.gpu.num_free - 1)  # another request holds every free block but one
+    before = abstract(cache)
+    rep = cache.match(R1, HS, limit=limit)
+    assert (rep.gpu_hits, len(rep.swap_dests), len(rep.prefetch_dests), cache.gpu.num_free) == (1, 1, 0, 0)
+    assert abstract(cache) == actions.match(before, R1, HS, rep.swap_dests, rep.prefetch_dests)
+    ok(cache)
+
+
 def test_a_request_is_ready_only_when_its_swap_in_and_its_prefetch_have_both_ended() -> None:
     """commit waits for every fill of the request, whichever ends first."""
     cache = three_tiers()

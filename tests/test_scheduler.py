@@ -14,6 +14,7 @@ from kvoracle.kvcache.storage import MemoryStorage
 from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec import actions
+from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import inv_request
 from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import apply, exit_request, tick
@@ -74,6 +75,25 @@ def test_a_write_that_raises_still_releases_everything() -> None:
     want = replace(want, cache=actions.complete(want.cache, t, Error()))
     assert same(spec_state(rm), want)
     assert rm.cache.gpu.num_free == 8 and rm.stats.io_raised == 1
+
+
+def test_a_finish_writes_the_blocks_decode_filled_without_kv_pools_too() -> None:
+    """With pools, every decode token refreshes the request's block hashes as it fills the
+    block's bytes; without them (the default) nothing does: the write at finish must still
+    store every full block, the ones decode filled included (24th blind run: a finish
+    that wrote the hashes as last refreshed stored one block of two, in this
+    configuration only). The policy is the reference's: spec/ records whatever it writes."""
+    store = MemoryStorage()
+    rm = ResourceManager(CacheManager(8, 2), FaultyStorage(store, ScriptedFaults()), FaultyCopier(ScriptedFaults()),
+                         block_size=2, write_policy=WritePolicy.ON_FINISH, timeout=3)
+    rm.submit(R, [1, 1, 2])
+    for _ in range(2):  # admitted with its first decode token, then a second fills block 2
+        rm.schedule()
+    tokens = list(rm.requests[R].tokens)
+    assert rm.pools is None and len(tokens) == 4
+    rm.finish([R])
+    rm.tick(1)
+    assert store.exists(block_hashes(tokens, 2)) == 2
 
 
 def test_preempted_request_is_first_in_line_again() -> None:
