@@ -176,6 +176,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         targets = [t for t in targets if t.name == args.mutant or (t.mutant is None and t.level == level)]
     if args.level != "all":
         targets = [t for t in targets if t.level == args.level]
+    if args.reference_only:
+        targets = [t for t in targets if t.mutant is None]
     settings = settings_option(args, pool=True)
     if settings is None:
         return 2
@@ -211,6 +213,8 @@ def check_problem(args: argparse.Namespace) -> str:
         if given:
             return f"{flag} needs --engine or --adapter"
     levels = {m.name: m.level for m in MUTANTS}
+    if args.mutant and args.reference_only:
+        return "--reference-only excludes --mutant"
     if args.mutant and args.mutant not in levels:
         near = difflib.get_close_matches(args.mutant.replace("_", "-"), levels, n=1)
         return (f"no mutant named {args.mutant!r}" + (f"; did you mean {near[0]!r}?" if near else "")
@@ -497,7 +501,8 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
     scheduler = level == "scheduler"
-    refused = [flag for flag, on in (("--mutant", args.mutant), ("--level", args.level != "all"),
+    refused = [flag for flag, on in (("--mutant", args.mutant), ("--reference-only", args.reference_only),
+                                     ("--level", args.level != "all"),
                                      ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
                                      ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),
                                      ("--workers", args.workers > 1), ("--ray", args.ray)) if on]
@@ -858,6 +863,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Runs the stateful machines against the reference (which must pass) and "
                                    "every mutant (each must be caught). Exit status 0 only when all are as expected.")
     c.add_argument("--mutant", metavar="NAME", help="check only this mutant (and the reference rows of its level)")
+    c.add_argument("--reference-only", action="store_true",
+                   help="check only the reference rows, no mutant: what a change to kvcache/ or scheduler/ must pass")
     c.add_argument("--engine", choices=sorted(ENGINES),
                    help="check this engine through its adapter instead (valid input, then bad input too); "
                         "exit status 1 when a violation is found. docs/engines.md")

@@ -104,7 +104,8 @@ def check_one(function: str, per_condition_timeout: float, wall_limit: float) ->
         )
     except subprocess.TimeoutExpired:
         seconds = time.monotonic() - start
-        return ContractResult(name, ids, ERROR, f"killed after {wall_limit:.0f} s wall clock", seconds)
+        return ContractResult(name, ids, ERROR, f"killed after {wall_limit:.0f} s wall clock: no verdict, not a "
+                                                "counterexample (a loaded machine, or a search that did not end)", seconds)
     verdict, detail = parse(done.stdout + done.stderr, done.returncode, per_condition_timeout)
     return ContractResult(name, ids, verdict, detail, time.monotonic() - start)
 

@@ -441,6 +441,14 @@ def test_an_adapter_file_named_as_a_module_in_use_is_refused(stem: str, whose: s
     assert sys.modules[stem].__file__ != str(shadow)
 
 
+def test_reference_only_runs_the_reference_rows_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--reference-only", "--level", "cache", *TINY, "--no-coverage"]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if " cache " in line]
+    assert rows == ["reference", "reference-small-cpu"]
+    assert refused(["check", "--reference-only", "--mutant", "heap-drop"], capsys).endswith(
+        "--reference-only excludes --mutant")
+
+
 def test_a_misspelt_mutant_is_told_the_nearest_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no mutant named 'heap_drop'; did you mean 'heap-drop'? (known: " in refused(
         ["check", "--mutant", "heap_drop"], capsys)
