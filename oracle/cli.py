@@ -22,7 +22,7 @@ from kvoracle.kvcache.pool import BackendUnavailable, UnknownBackend, default_ba
 from kvoracle.oracle import campaign
 from kvoracle.oracle.campaign import RunResult, counts, programs_per_seed, run_seeds, shown
 from kvoracle.oracle.violations import Baseline
-from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput, Scripted
+from kvoracle.oracle.engine import REQUEST_LEVEL, BadInput
 from kvoracle.oracle.findings import NOT_SCRIPTED, scripted, standalone, write_reproduction
 from kvoracle.oracle.engines import ENGINES
 from kvoracle.oracle.mutants import MUTANTS
@@ -514,7 +514,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print(f"kvoracle check: {', '.join(refused)}: not for adapters of the {level} level", file=sys.stderr)
         return 2
     problem = expect_problem(args.expect, level) or output_problem(
-        args, (args.repro_dir or REPRO_DIR) if issubclass(adapter, Scripted) else None)
+        args, (args.repro_dir or REPRO_DIR) if scripted(adapter) else None)
     if problem:
         print(f"kvoracle check: {problem}", file=sys.stderr)
         return 2
@@ -638,17 +638,17 @@ def chosen_adapter(args: argparse.Namespace) -> tuple[type, str]:
 def import_adapter(spec: str) -> type:
     """--adapter's class. Its module is imported here first, so that whatever the import
     raises (a missing dependency, the module's own error) is said in one line, naming it."""
-    from kvoracle.oracle.engines import adapter_location, file_module, load_adapter, name_taken
+    from kvoracle.oracle.engines import NameTaken, adapter_location, file_module, load_adapter
 
     try:
         where = adapter_location(spec)[0]
     except ValueError as e:
         raise ValueError(f"--adapter {spec}: {e}") from None
-    if where.endswith(".py") and Path(where).is_file() and (taken := name_taken(Path(where))):
-        raise ValueError(f"--adapter {spec}: {taken}")
     if not where.endswith(".py") or Path(where).is_file():
         try:
             file_module(where) if where.endswith(".py") else importlib.import_module(where)
+        except NameTaken as e:  # kvoracle's refusal, not the module's own error
+            raise ValueError(f"--adapter {spec}: {e}") from None
         except Exception as e:
             sys.modules.pop(Path(where).stem, None)  # as Python's import does: no half-run module stays
             why = str(e) if isinstance(e, ImportError) else f"it raised {type(e).__name__}: {e}"
@@ -677,8 +677,7 @@ def check_machine_adapter(args: argparse.Namespace, adapter: type, level: str, s
     print_known(row.known)
     if row.result is not None:
         print(show([row]))
-        if issubclass(adapter, Scripted):
-            reproduce(row, Path(args.repro_dir or REPRO_DIR))
+        reproduce(row, Path(args.repro_dir or REPRO_DIR))  # or says why there is none
     if args.json:
         write_json(args.json, [row])
     print(f"\n{target.name}: {'no violation' if row.ok else 'a violation was found'}")

@@ -203,6 +203,10 @@ class MalformedObservation(TypeError):
 
 
 _COLLECTIONS = frozenset({tuple, list, set, frozenset, dict})  # the usual ones, known without an ABC check
+
+
+def _collection(value: object) -> bool:
+    return type(value) in _COLLECTIONS or isinstance(value, Collection)
 _MAPPINGS = {"tables": "request to its blocks", "refcounts": "block to its count",
              "counters": "name to (reported, recounted)", "tokens": "request to its tokens computed"}
 
@@ -217,7 +221,7 @@ def shaped(name: str, o: Observation, most: int | None = None) -> None:
         raise MalformedObservation(f"the {name} observation's ids must be at most {most:,} block ids, not {o.ids!r}")
     for field_name in ("free", "evictable", "in_flight", "cached", "nodes", "findable", "waiting", "pinned"):
         value = getattr(o, field_name)
-        if value is not None and type(value) not in _COLLECTIONS and not isinstance(value, Collection):
+        if value is not None and not _collection(value):
             raise MalformedObservation(f"the {name} observation's {field_name} is a {type(value).__name__}, "
                                        "not a collection (read more than once)")
     if o.counters is None:  # (no counters is {}, as the default)
@@ -231,11 +235,11 @@ def shaped(name: str, o: Observation, most: int | None = None) -> None:
         raise MalformedObservation(f"the {name} observation's counters must map each name to a pair (reported, "
                                    f"recounted), not {dict(o.counters)!r}")
     for r, table in (o.tables or {}).items():
-        if type(table) not in _COLLECTIONS and not isinstance(table, Collection):
+        if not _collection(table):
             raise MalformedObservation(f"the {name} observation's table of {r!r} is a {type(table).__name__}, "
                                        "not a collection of blocks")
     for b, readers in (o.pinned.items() if isinstance(o.pinned, Mapping) else ()):
-        if type(readers) not in _COLLECTIONS and not isinstance(readers, Collection):
+        if not _collection(readers):
             raise MalformedObservation(f"the {name} observation's pinned maps block {b!r} to a "
                                        f"{type(readers).__name__}, not to the requests it is read for")
     if most is not None:

@@ -127,18 +127,9 @@ def load_adapter(spec: str) -> type:
     return cls
 
 
-def name_taken(path: Path) -> str:
-    """Why the file cannot be loaded under its name ('' : it can): a module of that name
-    is Python's own or already imported (not this file, nor a file loaded here before),
-    and loading the file would replace it for everyone."""
-    loaded = sys.modules.get(path.stem)
-    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
-        return ""  # this very file
-    ours = loaded is None or getattr(loaded, "kvoracle_file", False)
-    if ours and path.stem not in sys.stdlib_module_names:
-        return ""
-    whose = "Python's own" if path.stem in sys.stdlib_module_names else "an imported"
-    return f"{path} would be loaded as the module {path.stem!r}, the name of {whose} module: rename the file"
+class NameTaken(ValueError):
+    """A file that would be loaded under the name of a module of Python's own or already
+    imported (not a file loaded here before): loading it would replace that module for everyone."""
 
 
 def file_module(where: str | Path) -> ModuleType:
@@ -150,8 +141,11 @@ def file_module(where: str | Path) -> ModuleType:
     loaded = sys.modules.get(path.stem)
     if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
         return loaded
-    if problem := name_taken(path):
-        raise ValueError(problem)
+    stdlib = path.stem in sys.stdlib_module_names
+    if stdlib or not (loaded is None or getattr(loaded, "kvoracle_file", False)):
+        whose = "Python's own" if stdlib else "an imported"
+        raise NameTaken(f"{path} would be loaded as the module {path.stem!r}, the name of {whose} module: "
+                        "rename the file")
     folder = str(path.resolve().parent)
     if folder not in sys.path:  # it may import the files beside it (last: none of them hides a module kvoracle uses)
         sys.path.append(folder)
