@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -263,10 +264,20 @@ def unexpected(e: BaseException) -> PropertyViolated:
         found = PropertyViolated(MALFORMED, [Violation(
             "VALID-INPUT", f"nothing could be judged: {e}{raised_in(e)} (the adapter's bug, not the engine's)")])
     else:
-        found = PropertyViolated("the program",
-                                 [Violation("VALID-INPUT", f"the run raised {described(e)}{raised_in(e)}")])
+        found = PropertyViolated(_raised_at(e), [Violation("VALID-INPUT", f"the run raised {described(e)}{raised_in(e)}")])
     found.__notes__ = list(getattr(e, "__notes__", []))
     return found
+
+
+def _raised_at(e: BaseException) -> str:
+    """Where in the program an exception no check caught came: the machine's drain at the
+    end, or its last step (a step that raises ends the program, so the shrunk program
+    shown ends with the step that raised)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return "teardown" if any(f.name == "teardown" and _MACHINES in f.filename for f in frames) else "the last step"
+
+
+_MACHINES = "_machine.py"  # the machines' modules: a `teardown` frame there is the drain at the end
 
 
 def did_not_replay(e: Flaky, first: PropertyViolated | None) -> PropertyViolated:

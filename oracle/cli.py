@@ -817,7 +817,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     print(obligation_runs(rows, args.show))
     missing = [] if args.no_crosshair else uncovered(rows)
     failed = [r for r in rows if not r.ok]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold; "
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold (an obligation: one property ID in one run above); "
           f"{len(ALL_IDS) - len(missing)} of {len(ALL_IDS)} property IDs covered"
           + (f"; uncovered: {', '.join(missing)}" if missing else ""))
     return 0 if not failed and not missing else 1

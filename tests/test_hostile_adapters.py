@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,7 +20,7 @@ from kvoracle.kvcache.errors import UnknownRequest
 from kvoracle.kvcache.faults import Fault
 from kvoracle.oracle import watchdog
 from kvoracle.oracle.campaign import replay
-from kvoracle.oracle.cli import main, run_target
+from kvoracle.oracle.cli import main, numbered, run_target
 from kvoracle.oracle.engine import MOST_BLOCKS, NOBODY, BadInput, MalformedObservation, Observation, view_of
 from kvoracle.oracle.engines.reference import ReferenceAdapter
 from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
@@ -278,3 +279,36 @@ def test_what_an_adapter_raises_where_no_check_expected_it_names_the_method() ->
     assert raised.startswith("statuses() (test_hostile_adapters.py:"), message
     again = replay(Target(StatusesBreak.name, "scheduler", None, StatusesBreak).machine(), row.result.counterexample)
     assert again is not None and again.violations[0].message == message  # a replay's eval is not the adapter
+
+
+
+class ObserveBreaksInTheDrain(ReferenceScheduler):
+    """Its observe() raises once the machine drains the engine at the end of a program."""
+    name = "observe-breaks-in-the-drain"
+
+    def observe(self) -> Observation:
+        if any(f.name == "teardown" for f in traceback.extract_stack()):
+            raise RuntimeError("observe broke in the drain")
+        return super().observe()
+
+
+class ObserveBreaksOnTheFifthLook(ReferenceScheduler):
+    name = "observe-breaks-on-the-fifth-look"
+
+    def observe(self) -> Observation:
+        self.looks = getattr(self, "looks", 0) + 1
+        if self.looks == 5:
+            raise RuntimeError("observe broke on look 5")
+        return super().observe()
+
+
+@pytest.mark.parametrize(("adapter", "step"), [(ObserveBreaksInTheDrain, "teardown"),
+                                               (ObserveBreaksOnTheFifthLook, "the last step")])
+def test_a_raise_no_check_expected_is_placed_in_the_drain_or_the_last_step(adapter: type[ReferenceScheduler],
+                                                                         step: str) -> None:
+    row = run_target(Target(adapter.name, "scheduler", None, adapter), [0], 10, 20)
+    assert row.result is not None and row.result.violation is not None
+    assert row.result.violation.step == step
+    assert row.result.violation.violations[0].message.startswith("the run raised RuntimeError('observe broke")
+    drain = "  then the drain at the end (the check fired there)"
+    assert (numbered(row.result)[-1] == drain) == (step == "teardown")
