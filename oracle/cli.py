@@ -943,7 +943,7 @@ def parser() -> argparse.ArgumentParser:
                                    "Format: docs/trace.md.")
     t.add_argument("file", help="the trace file")
     t.set_defaults(func=cmd_check_trace)
-    pr = sub.add_parser("prove", help="run every proof obligation and print one table",
+    pr = sub.add_parser("prove", help="run every proof obligation and print a paragraph per run",
                         description="Runs the bounded model check of spec/ (and of the FastDeploy-bug mutants), the "
                                     "Hypothesis machines on the reference and the CrossHair contracts. "
                                     "Exit status non-zero when any obligation fails or an ID is uncovered.")

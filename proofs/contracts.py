@@ -149,7 +149,7 @@ def path_to(parent: list[int], leaf: int) -> list[int]:
 
 
 def refs_kernel(ref: list[int], path: list[int], by: int) -> list[int]:
-    """Mirrors spec.actions._adjust_ref (and CacheManager._take_ref / _drop_ref per node)."""
+    """Mirrors spec.actions._adjust_ref (and CacheManager._move_refs, node by node)."""
     out = list(ref)
     for n in path:
         out[n] += by
