@@ -9,11 +9,13 @@ that cannot be loaded, lacks a member of its Protocol, cannot build its engine o
 observe it, and a count below 1.
 
 pytest loads it from kvoracle's entry point wherever kvoracle is installed; it adds
-options only, and no test unless --kvoracle-adapter is given.
+options only (shadow mode's too: `--kvoracle-shadow ENGINE` starts kvoracle.shadow's
+plugin), and no test unless --kvoracle-adapter is given.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,9 @@ def _count(text: str) -> int:
     return positive(text)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    if not pluginmanager.has_plugin("kvoracle.shadow"):  # `-p kvoracle.shadow` adds them itself
+        shadow_options(parser)
     group = parser.getgroup("kvoracle", "kvoracle: check a KV-cache adapter with kvoracle's machines")
     group.addoption("--kvoracle-adapter", action="append", default=[], metavar="MODULE:CLASS",
                     help="run the machine of this adapter's Protocol (MODULE:CLASS or FILE.py:CLASS; repeatable); "
@@ -56,6 +60,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run each adapter's machine in a forked process: an engine that ends the process fails "
                          "its test with the program that ended it, and the session goes on (not once CUDA is "
                          "initialised in the session)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Shadow mode, when --kvoracle-shadow names an engine: the options are known here, so
+    `-p kvoracle.shadow` is not needed (kvoracle.shadow loads only then)."""
+    if config.getoption("kvoracle_shadow", None) and not config.pluginmanager.has_plugin("kvoracle.shadow"):
+        from kvoracle import shadow
+
+        shadow.pytest_configure(config)
+
+
+def shadow_options(parser: pytest.Parser) -> None:
+    """kvoracle.shadow's options: this plugin, which pytest loads wherever kvoracle is
+    installed, adds them too, so that they work without `-p kvoracle.shadow`."""
+    group = parser.getgroup("kvoracle-shadow", "kvoracle shadow mode: check every engine object the tests create")
+    group.addoption("--kvoracle-shadow", metavar="ENGINE", default=None,
+                    help="attach to every engine object of ENGINE (vllm, vllm-scheduler, sglang, MODULE:CLASS or "
+                         "FILE.py:CLASS of an observer; several joined by +, e.g. vllm+vllm-scheduler)")
+    group.addoption("--kvoracle-shadow-report", action="store_true",
+                    help="only report alarms: do not fail the session")
+    group.addoption("--kvoracle-shadow-history", type=_at_least(0), default=10, metavar="N",
+                    help="calls shown per alarm (default 10)")
+    group.addoption("--kvoracle-shadow-interval", type=_at_least(1), default=1, metavar="N",
+                    help="without incremental checks, a full check every N calls (default 1)")
+    group.addoption("--kvoracle-shadow-dir", default=None, metavar="DIR",
+                    help="where reproduction files go (default: $KVORACLE_SHADOW_DIR or the temp dir)")
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    """An option's type: an integer of at least `least` (pytest's usage error otherwise)."""
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"want an integer of at least {least}, not {text!r}")
+        return value
+
+    return count
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -164,7 +164,7 @@ class Alarm:
                  f"  engine:  {self.engine}, found by the {self.check} check after call #{self.after.seq}{where}",
                  f"  blocks:  {_ids(self.blocks) or 'not named by the verdict'}",
                  f"  after:   {self.after}",
-                 f"  history: the last {len(self.history)} calls that touched "
+                 f"  history: {_calls(len(self.history))} that touched "
                  f"{'these blocks' if self.blocks else 'the engine'} (oldest first)"]
         lines += [f"    {c}" for c in self.history]
         if self.reproduction:
@@ -397,6 +397,7 @@ class Tally:
     internal: list[str] = field(default_factory=list)  # shadow's own errors (never the engine's)
     unconfirmed: int = 0  # incremental alarms a full check did not confirm (index drift)
     steps: int = 0  # scheduling steps judged (LIVE-ADMIT, LIVE-PROGRESS)
+    undrained: list[str] = field(default_factory=list)  # audits that found something still live: where, and what
     watching: list[str] = field(default_factory=list)  # the engine classes it attaches to, "module:Class"
     unfound: list[str] = field(default_factory=list)  # of those, the ones their module, once imported, lacks
     # observer -> what it leaves unchecked: the optional parts it lacks (WITHOUT), the fields its observation leaves out
@@ -410,9 +411,9 @@ class Tally:
 
     @property
     def misconfigured(self) -> bool:
-        """Nothing was watched, and the configuration says why: an engine class that is
-        not there (not installed, or misnamed)."""
-        return self.engines == 0 and bool(self.unwatched or self.unfound)
+        """An engine class it was asked to watch is not there (not installed, or misnamed):
+        what it should have checked went unchecked, whatever else it watched."""
+        return bool(self.unwatched or self.unfound)
 
     def summary(self, engine: str = "", alarms: int = 20, shown: Collection[int] = ()) -> str:
         """The summary; an alarm whose id() is in `shown` (already printed with its uncaught
@@ -431,6 +432,10 @@ class Tally:
             lines.append(f"... and {len(self.alarms) - alarms} more")
         if self.unconfirmed:
             lines.append(f"note: {self.unconfirmed} incremental finding(s) were not confirmed by a full check")
+        if self.undrained:
+            lines.append(f"note: LIVE-DRAIN was not judged at {len(self.undrained)} audit(s): something still held "
+                         "blocks there (a request never finished, blocks taken and never given back)")
+            lines += [f"  {where}" for where in self.undrained[:5]]
         for e in self.internal[:5]:
             lines.append(f"shadow's own error (the engine was not affected): {e}")
         for path in self.unwatched:
@@ -522,6 +527,21 @@ class _Script:
             self.lines.append(statement)
 
 
+def _check_settings(mode: str, **counts: tuple[int, int]) -> None:
+    """ValueError, naming the setting, for a mode that is neither, or a count (value,
+    least) below its least or not an integer."""
+    if mode not in ("raise", "record"):
+        hint = " (the pytest plugin's and KVORACLE_SHADOW's 'report' is mode='record')" if mode == "report" else ""
+        raise ValueError(f"mode must be 'raise' or 'record', not {mode!r}{hint}")
+    for name, (value, least) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer of at least {least}, not {value!r}")
+
+
+def _calls(n: int) -> str:
+    return "no earlier call" if n == 0 else "the last call" if n == 1 else f"the last {n} calls"
+
+
 class Shadow:
     """One attached engine object: its wrappers, ring buffer, checks and alarms."""
 
@@ -529,12 +549,12 @@ class Shadow:
                  full_every: int = 1000, incremental: bool = True, history: int = 20, ring: int = 1000,
                  gap: int = 8, report_dir: str | Path | None = None, script_limit: int = 10_000,
                  tally: Tally | None = None) -> None:
-        if mode not in ("raise", "record"):
-            raise ValueError(f"mode must be 'raise' or 'record', not {mode!r}")
+        _check_settings(mode, interval=(interval, 1), full_every=(full_every, 0), history=(history, 0),
+                        ring=(ring, 1), gap=(gap, 0), script_limit=(script_limit, 0))
         self.observer = observer
         self.engine_spec = engine_spec
         self.mode: Mode = mode
-        self.interval = max(1, interval)
+        self.interval = interval
         self.full_every = full_every
         self.incremental = incremental
         self.history_size = history
@@ -888,6 +908,8 @@ class Shadow:
                 o = self.observer.observe()
                 drained = replace(o, free=(o.free or ()) + (o.evictable or ()), evictable=())
                 found += liveness.drained(self._view(drained))
+            else:
+                self._undrained(entry.where)
             return self._alarms(found, entry, "audit", frozenset())
 
         none: list[Alarm] = []
@@ -895,6 +917,16 @@ class Shadow:
         if new and self.mode == "raise":
             raise ShadowAlarm(new)
         return new
+
+    def _undrained(self, where: str) -> None:
+        """Note an audit that could not judge LIVE-DRAIN: the holders of blocks it found."""
+        holders = sorted(map(str, self.observer.observe().tables or {}))
+        if not holders:  # an observer that never judges the drain (a scheduler's: its manager's does)
+            return
+        named = ", ".join(holders[:4]) + (f" and {len(holders) - 4} more" if len(holders) > 4 else "")
+        for t in self.tallies:
+            if len(t.undrained) < 100:
+                t.undrained.append(f"{where or 'the audit'}: still held by {named}")
 
     def history(self) -> list[Call]:
         return list(self.ring)
@@ -988,7 +1020,7 @@ def attach(obj: object, engine: str | type, *, mode: Mode = "raise", interval: i
     known = _attached.get(id(obj))
     existing = known() if known is not None else None
     if existing is not None and existing.active:
-        return existing
+        return _again(existing, engine, mode)
     cls = observer_class(engine)
     try:
         observer = cast(Observer, cls(obj))
@@ -1004,6 +1036,19 @@ def attach(obj: object, engine: str | type, *, mode: Mode = "raise", interval: i
             del _attached[key]
     _attached[id(obj)] = weakref.ref(shadow)
     return shadow
+
+
+def _again(existing: Shadow, engine: str | type, mode: Mode) -> Shadow:
+    """A second attach to an object already attached (by the pytest plugin, `install`, or
+    the caller): the same shadow, made to raise if this caller asks it to; another
+    engine's observer on the same object is refused."""
+    if engine_spec(engine) != existing.engine_spec:
+        raise ValueError(f"this object is already attached with the {existing.engine_spec!r} observer, not "
+                         f"{engine_spec(engine)!r}: detach() that shadow first")
+    _check_settings(mode)
+    if mode == "raise":
+        existing.mode = mode
+    return existing
 
 
 # --- attaching to every engine object a process creates ---------------------------------
@@ -1178,10 +1223,10 @@ def uninstall(engine: str | type | None = None) -> None:
 def _parse_env(value: str) -> tuple[str, Mode]:
     engine, _, rest = value.partition(",")
     flags = {f.strip() for f in rest.split(",") if f.strip()}
-    unknown = flags - {"report", "raise"}
+    unknown = flags - {"report", "record", "raise"}
     if unknown or not all(_engines(engine)):
         raise ValueError(f"{ENV}={value!r}: want ENGINE[+ENGINE...][,report]")
-    return engine.strip(), "record" if "report" in flags else "raise"
+    return engine.strip(), "record" if flags & {"report", "record"} else "raise"  # the API's word is as good
 
 
 def _engines(engines: str) -> list[str]:
@@ -1204,6 +1249,7 @@ def install_all(engines: str, mode: Mode, history: int = 20, interval: int = 1,
 def install_from_env(environ: Mapping[str, str] | None = None) -> Tally | None:
     """`KVORACLE_SHADOW=ENGINE[+ENGINE...][,report]`: install for this process; audit and
     print the summary to stderr at exit."""
+    global _at_exit
     value = (environ if environ is not None else os.environ).get(ENV, "")
     if not value:
         return None
@@ -1224,21 +1270,60 @@ def install_from_env(environ: Mapping[str, str] | None = None) -> Tally | None:
 
     sys.excepthook = hook
     atexit.register(at_exit)
+    _at_exit = (at_exit, tally, mode)
     return tally
 
 
+# the summary install_from_env prints at exit, its tally and mode (python -m kvoracle.shadow
+# prints it itself, and exits with the verdict)
+_at_exit: tuple[Callable[[], None], Tally, Mode] | None = None
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """python -m kvoracle.shadow's own options, and the program with its arguments: from
+    `-m MODULE` or the first word that is no option on, every word is the program's (as
+    python itself reads its command line)."""
+    for i, word in enumerate(argv):
+        if word == "-m":
+            return list(argv[:i + 2]), list(argv[i + 2:])
+        if word == "--":
+            return list(argv[:i]), list(argv[i + 1:])
+        if not word.startswith("-") and (i == 0 or argv[i - 1] != "--engine"):
+            return list(argv[:i]), list(argv[i:])
+    return list(argv), []
+
+
+def _runnable(module: str | None, rest: Sequence[str]) -> str:
+    """Why the program cannot be run ('' when it can)."""
+    if module is not None:
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as e:
+            return f"no module {module!r} ({e})"
+        return "" if found is not None else f"no module named {module!r} on this Python's path"
+    if not rest:
+        return "nothing to run: -m MODULE or SCRIPT"
+    return "" if os.path.isfile(rest[0]) else f"no such file: {rest[0]}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m kvoracle.shadow [--engine E] [--report] (-m MODULE | SCRIPT) [ARGS...]"""
+    """python -m kvoracle.shadow [--engine E] [--report] (-m MODULE | SCRIPT) [ARGS...]
+
+    Runs the program with shadow attached to every engine object it creates, then audits
+    them and prints the summary. Exit status: the program's own when it is not 0; else 1
+    when there was an alarm (unless --report or KVORACLE_SHADOW's ',report') or when
+    shadow watched nothing; else 0."""
     import argparse
     import runpy
 
-    p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", description=main.__doc__)
+    own, rest = _split(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", description=main.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", help=f"the observer (default: ${ENV}); one of {', '.join(ENGINES)} or MODULE:CLASS; "
                                     "several joined by + (vllm+vllm-scheduler)")
     p.add_argument("--report", action="store_true", help="record alarms and go on (default: raise)")
-    p.add_argument("-m", dest="module", help="run a module as __main__")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv)
+    p.add_argument("-m", dest="module", help="run a module as __main__ (every word after it is its argument)")
+    a = p.parse_args(own)
     if a.engine:
         os.environ[ENV] = a.engine + (",report" if a.report else "")
     if not os.environ.get(ENV):
@@ -1248,46 +1333,88 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not any(i.engine == engine_spec(first) for i in _installs.values()):
             install_from_env()
     except (ValueError, ImportError) as e:
+        _cancel_summary()
         p.error(str(e))
-    if a.module:
-        sys.argv = [a.module, *a.rest]
-        runpy.run_module(a.module, run_name="__main__", alter_sys=True)
-    elif a.rest:
-        sys.argv = list(a.rest)
-        runpy.run_path(a.rest[0], run_name="__main__")
-    else:
-        p.error("nothing to run: -m MODULE or SCRIPT")
+    why = _runnable(a.module, rest)  # after the install: finding a module imports its package
+    if why:
+        _cancel_summary()
+        p.error(why)
+    status = _run(runpy, a.module, rest)
+    return status or _verdict()
+
+
+def _run(runpy: types.ModuleType, module: str | None, rest: Sequence[str]) -> int:
+    """Run the program as __main__; its exit status (SystemExit's), 0 when it returns."""
+    try:
+        if module is not None:
+            sys.argv = [module, *rest]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(rest)
+            runpy.run_path(rest[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 
 
-# --- the pytest plugin (pytest -p kvoracle.shadow --kvoracle-shadow ENGINE) --------------
+def _cancel_summary() -> None:
+    """No summary at exit: the program never ran."""
+    if _at_exit is not None:
+        atexit.unregister(_at_exit[0])
+
+
+def _verdict() -> int:
+    """Print the summary now (not at exit) and give the exit status it calls for."""
+    if _at_exit is None:
+        return 0
+    summary, tally, mode = _at_exit
+    atexit.unregister(summary)
+    summary()
+    return 1 if (tally.alarms and mode == "raise") or tally.misconfigured else 0
+
+
+# --- the pytest plugin (pytest --kvoracle-shadow ENGINE; its options: kvoracle.pytest_plugin) ---
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("kvoracle-shadow", "kvoracle shadow mode: check every engine object the tests create")
-    group.addoption("--kvoracle-shadow", metavar="ENGINE", default=None,
-                    help=f"attach to every engine object of ENGINE ({', '.join(ENGINES)}, MODULE:CLASS or "
-                         f"FILE.py:CLASS of an observer; several joined by +, e.g. vllm+vllm-scheduler)")
-    group.addoption("--kvoracle-shadow-report", action="store_true",
-                    help="only report alarms: do not fail the session")
-    group.addoption("--kvoracle-shadow-history", type=int, default=10, metavar="N",
-                    help="calls shown per alarm (default 10)")
-    group.addoption("--kvoracle-shadow-interval", type=int, default=1, metavar="N",
-                    help="without incremental checks, a full check every N calls (default 1)")
-    group.addoption("--kvoracle-shadow-dir", default=None, metavar="DIR",
-                    help="where reproduction files go (default: $KVORACLE_SHADOW_DIR or the temp dir)")
+    from kvoracle.pytest_plugin import shadow_options
+
+    try:
+        shadow_options(parser)
+    except ValueError:  # kvoracle's autoloaded plugin has added them (this module came in later)
+        pass
 
 
 def pytest_configure(config: pytest.Config) -> None:
     engine = config.getoption("kvoracle_shadow", None)
-    if engine:
+    if engine and not config.pluginmanager.has_plugin(_SESSION):  # one session plugin, whichever plugin starts it
         import pytest
 
+        try:
+            _writable(config.getoption("kvoracle_shadow_dir"))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
         try:
             plugin = _Plugin(config, str(engine))
         except (ValueError, ImportError) as e:
             raise pytest.UsageError(f"--kvoracle-shadow {engine}: {e}") from None
-        config.pluginmanager.register(plugin, "kvoracle-shadow-session")
+        config.pluginmanager.register(plugin, _SESSION)
+
+
+_SESSION = "kvoracle-shadow-session"
+
+
+def _writable(folder: str | None) -> None:
+    """ValueError unless reproduction files can be written in `folder` (made if missing):
+    said before the session, not first at an alarm."""
+    if folder is None:
+        return
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--kvoracle-shadow-dir {folder}: no folder can be made there ({e.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--kvoracle-shadow-dir {folder}: no file can be made in it (not writable)")
 
 
 class _Plugin:
@@ -1328,8 +1455,8 @@ class _Plugin:
         if self.tally.alarms:
             terminalreporter.write_line("the session fails on these alarms (--kvoracle-shadow-report: only report)")
         elif self.tally.misconfigured:
-            terminalreporter.write_line("the session fails: it checked nothing, as the lines above say "
-                                        "(--kvoracle-shadow-report: only report)")
+            terminalreporter.write_line("the session fails: an engine it was to watch is not there, as the lines "
+                                        "above say (--kvoracle-shadow-report: only report)")
 
     def pytest_unconfigure(self) -> None:
         for engine in _engines(self.engine):

@@ -10,8 +10,10 @@ entries, taking every CPU or storage hit), its name says so.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -513,6 +515,25 @@ def test_stats_and_preemptions_count_each_lifecycle_event() -> None:
     ok(rm.cache)
 
 
+def test_hit_blocks_count_the_blocks_swapped_in_and_prefetched_too() -> None:
+    """A hit is a prompt block admission need not compute: found on the GPU, or on its way
+    there from the CPU tier or storage (the twenty-fifth blind run counted GPU hits only)."""
+    for cpu, policy, how in ((2, WritePolicy.NONE, "swap_dests"), (0, WritePolicy.ON_FINISH, "prefetch_dests")):
+        rm, _ = manager(8, cpu, policy=policy)
+        rm.submit(R0, [1, 1, 2, 2, 3])
+        rm.schedule()
+        rm.schedule()  # the prompt's two full blocks committed
+        rm.finish([R0])  # written to storage where the policy says so
+        rm.evict_all()  # the leaf swapped out to the CPU tier, or both blocks dropped
+        rm.tick(1)
+        before = rm.stats.hit_blocks
+        rm.submit(R1, [1, 1, 2, 2, 3])
+        rm.schedule()
+        admit = next(e for e in reversed(rm.events) if isinstance(e, Admit))
+        assert getattr(admit, how), (how, admit)  # the path under test: swapped in, or prefetched
+        assert rm.stats.hit_blocks - before == 2, how
+
+
 # --- DirectoryStorage: hash range, durability, format -----------------------------------------
 
 
@@ -546,6 +567,16 @@ def test_directory_write_reports_nothing_durable_when_the_directory_sync_fails(
 
     monkeypatch.setattr(os, "open", failing)
     assert s.write([(BlockHash(5), b"a"), (BlockHash(6), b"b")]) == 0
+    monkeypatch.setattr(os, "open", real_open)
+    fsync = os.fsync
+
+    def failing_for_directories(fd: int) -> None:  # opened, then its sync fails (an I/O error)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "injected: the directory's sync failed")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_for_directories)
+    assert s.write([(BlockHash(7), b"c")]) == 0
 
 
 def test_directory_temp_files_are_made_in_the_storage_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -381,7 +381,34 @@ def test_environment_variable_attaches_in_a_process_we_do_not_write(tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)], env=env, capture_output=True,
                           text=True, timeout=120)
     summary = done.stderr.partition("kvoracle shadow (toy):")[2]
-    assert done.returncode == 0 and "  history: " in summary, done.stderr[-3000:]  # swallowed: reported in full
+    assert "  history: " in summary, done.stderr[-3000:]  # swallowed: reported in full
+    assert done.returncode == 1  # and the process fails on it: an alarm in raise mode, whoever caught it
+
+
+def test_a_module_gets_every_word_after_it_and_a_program_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "server.py").write_text("import sys\nprint('argv', sys.argv[1:])\nraise SystemExit(3)\n")
+    env = {**os.environ, shadow.ENV: f"{OBSERVER},report", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", "-m", "server", "--port", "8000", "-m", "x"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert "argv ['--port', '8000', '-m', 'x']" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 3 and "kvoracle shadow (toy):" in done.stderr  # the program's own status stands
+    for program in (["-m", "no_such_server"], [str(tmp_path / "no_such_server.py")], []):
+        done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", *program], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "no_such_server" in done.stderr or "nothing to run" in done.stderr, done.stderr
+        assert "kvoracle shadow (toy):" not in done.stderr  # nothing ran: no summary
+
+
+def test_a_process_fails_when_an_engine_it_was_to_watch_is_not_there(tmp_path: Path) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text("print('served')\n")
+    for observers in (f"{Path(__file__).resolve()}:AbsentEngineObserver",
+                      f"{OBSERVER}+{Path(__file__).resolve()}:AbsentEngineObserver"):
+        done = subprocess.run([sys.executable, "-m", "kvoracle.shadow", str(script)],
+                              env={**os.environ, shadow.ENV: observers}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "served" in done.stdout, done.stderr[-2000:]
+        assert "not watched: kvoracle_absent_engine.core" in done.stderr
 
 
 
@@ -452,7 +479,7 @@ def test_a_misnamed_engine_class_is_named_and_fails_the_session_that_watched_not
     result.stdout.fnmatch_lines(["*1 passed*"])
     result.stdout.fnmatch_lines(["not watched: json:JSONDecodr (json has no class JSONDecodr)",
                                  "watched nothing: no json:JSONDecodr object was created",
-                                 "the session fails: it checked nothing*"])
+                                 "the session fails: an engine it was to watch is not there*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
@@ -546,6 +573,63 @@ def test_a_misspelt_engine_is_a_usage_error_everywhere(pytester: pytest.Pytester
                               text=True, timeout=120)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert "unknown shadow engine 'vlm'" in done.stderr and "served" not in done.stdout
+
+
+def test_settings_no_shadow_can_use_are_refused() -> None:
+    engine = ToyEngine(blocks=6, block_size=2)
+    settings: list[tuple[str, object]] = [("interval", 0), ("full_every", -1), ("history", -2), ("ring", 0),
+                                          ("gap", -1), ("script_limit", -1), ("interval", 1.5)]
+    for setting, value in settings:
+        with pytest.raises(ValueError, match=f"{setting} must be an integer of at least"):
+            attach(engine, ToyObserver, **cast(dict[str, Any], {setting: value}))
+    with pytest.raises(ValueError, match="'report' is mode='record'"):
+        attach(engine, ToyObserver, mode="report")  # type: ignore[arg-type]
+    assert shadow._calls(0) == "no earlier call" and shadow._calls(1) == "the last call"
+
+
+def test_an_audit_that_finds_blocks_still_held_says_the_drain_went_unjudged() -> None:
+    engine = ToyEngine(blocks=6, block_size=2)
+    s = attach(engine, ToyObserver, mode="record")
+    engine.admit("leaky", [1, 2, 3])  # never finished
+    assert s.audit() == []
+    summary = s.summary()
+    assert "note: LIVE-DRAIN was not judged at 1 audit(s): something still held blocks there" in summary, summary
+    assert "  the audit: still held by leaky" in summary, summary
+    engine.finish("leaky")
+    s.audit()
+    assert "at 1 audit(s)" in s.summary()  # the second audit judged it
+    s.detach()
+
+
+def test_a_second_attach_is_the_same_shadow_raising_if_asked_and_another_engine_is_refused() -> None:
+    engine = ToyEngine(blocks=6, block_size=2)
+    first = attach(engine, ToyObserver, mode="record")  # as the pytest plugin attaches
+    again = attach(engine, ToyObserver)  # a test's own attach, in raise mode
+    assert again is first and first.mode == "raise"
+    assert attach(engine, ToyObserver, mode="record") is first and first.mode == "raise"  # never made quieter
+    with pytest.raises(ValueError, match="already attached with the .*ToyObserver' observer, not 'vllm'"):
+        attach(engine, "vllm")
+    first.detach()
+
+
+def test_the_shadow_options_need_no_dash_p(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(test_toy=TOY_TESTS)
+    result = pytester.runpytest_inprocess(*PLUGIN[2:], "--kvoracle-shadow-dir", str(tmp_path))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kvoracle shadow (toy): 2 engine object(s), 7 calls*"])
+    result = pytester.runpytest_inprocess(*PLUGIN, "--kvoracle-shadow-interval", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvoracle-shadow-interval*want an integer of at least 1, not '0'*"])
+    (tmp_path / "file").write_text("")
+    result = pytester.runpytest_inprocess(*PLUGIN, "--kvoracle-shadow-dir", str(tmp_path / "file" / "repro"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # said before the session, not at the first alarm
+    result.stderr.fnmatch_lines(["*--kvoracle-shadow-dir */file/repro: no folder can be made there*"])
+
+
+def test_the_plugin_help_names_every_observer_kvoracle_ships(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess("--help")
+    shown = " ".join(result.stdout.lines)
+    assert all(name in shown for name in shadow.ENGINES), shown
 
 
 def test_attaching_to_the_wrong_object_says_what_the_observer_attaches_to() -> None:
