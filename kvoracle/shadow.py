@@ -865,7 +865,7 @@ class Shadow:
         return tuple(reversed(out))
 
     def _reproduce(self, alarms: Sequence[Alarm], entry: Call) -> str | None:
-        if self._rebuild is None or self._reports >= 20:
+        if self._rebuild is None or self._reports >= 20 or not self._script.limit:  # 0: off (a replay's own)
             return None
         self._reports += 1
         preamble, target = self._rebuild
@@ -1015,7 +1015,7 @@ def attach(obj: object, engine: str | type, *, mode: Mode = "raise", interval: i
     full_every  a full audit every `full_every` calls even with incremental checks (0: only at the end)
     history     how many past calls an alarm shows; ring: how many the buffer keeps
     gap         changed blocks closer than this are checked as one range of ids
-    script_limit  calls kept as statements for the reproduction file (0: none)
+    script_limit  calls kept as statements for the reproduction file (0: no reproduction file)
     """
     known = _attached.get(id(obj))
     existing = known() if known is not None else None

@@ -128,6 +128,7 @@ def test_reproduction_file_replays_the_alarm(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, path.alarms[0].reproduction], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode != 0 and "ShadowAlarm" in done.stderr and "INV-NO-UAF" in done.stderr, done.stderr[-2000:]
+    assert "reproduction:" not in done.stderr and sorted(tmp_path.iterdir()) == [Path(path.alarms[0].reproduction)]
 
 
 def test_record_mode_goes_on_and_the_engine_does_what_it_did_unshadowed() -> None:
