@@ -1311,14 +1311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Runs the program with shadow attached to every engine object it creates, then audits
     them and prints the summary. Exit status: the program's own when it is not 0; else 1
-    when there was an alarm (unless --report or KVORACLE_SHADOW's ',report') or when
-    shadow watched nothing; else 0."""
+    when there was an alarm (unless --report or KVORACLE_SHADOW's ',report') or when an
+    engine it was asked to watch is not there; else 0."""
     import argparse
-    import runpy
 
     own, rest = _split(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", description=main.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    usage, _, description = (main.__doc__ or "").partition("\n\n")
+    p = argparse.ArgumentParser(prog="python -m kvoracle.shadow", usage=usage,
+                                description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", help=f"the observer (default: ${ENV}); one of {', '.join(ENGINES)} or MODULE:CLASS; "
                                     "several joined by + (vllm+vllm-scheduler)")
     p.add_argument("--report", action="store_true", help="record alarms and go on (default: raise)")
@@ -1339,12 +1339,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why:
         _cancel_summary()
         p.error(why)
-    status = _run(runpy, a.module, rest)
+    status = _run(a.module, rest)
     return status or _verdict()
 
 
-def _run(runpy: types.ModuleType, module: str | None, rest: Sequence[str]) -> int:
+def _run(module: str | None, rest: Sequence[str]) -> int:
     """Run the program as __main__; its exit status (SystemExit's), 0 when it returns."""
+    import runpy
+
     try:
         if module is not None:
             sys.argv = [module, *rest]
