@@ -213,9 +213,9 @@ def check_problem(args: argparse.Namespace) -> str:
         if given:
             return f"{flag} needs --engine or --adapter"
     levels = {m.name: m.level for m in MUTANTS}
-    if args.mutant and args.reference_only:
+    if args.mutant is not None and args.reference_only:
         return "--reference-only excludes --mutant"
-    if args.mutant and args.mutant not in levels:
+    if args.mutant is not None and args.mutant not in levels:  # '' too: no mutant is named so
         near = difflib.get_close_matches(args.mutant.replace("_", "-"), levels, n=1)
         return (f"no mutant named {args.mutant!r}" + (f"; did you mean {near[0]!r}?" if near else "")
                 + f" (known: {', '.join(sorted(levels))})")
@@ -501,7 +501,7 @@ def cmd_check_engine(args: argparse.Namespace) -> int:
         print(f"kvoracle check: {e}", file=sys.stderr)
         return 2
     scheduler = level == "scheduler"
-    refused = [flag for flag, on in (("--mutant", args.mutant), ("--reference-only", args.reference_only),
+    refused = [flag for flag, on in (("--mutant", args.mutant is not None), ("--reference-only", args.reference_only),
                                      ("--level", args.level != "all"),
                                      ("--fault-rate", args.fault_rate != FAULT_RATE_DEFAULT and not scheduler),
                                      ("--kv-backend", args.kv_backend and not scheduler), ("--record", args.record),

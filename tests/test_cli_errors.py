@@ -452,6 +452,8 @@ def test_reference_only_runs_the_reference_rows_alone(capsys: pytest.CaptureFixt
 def test_a_misspelt_mutant_is_told_the_nearest_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no mutant named 'heap_drop'; did you mean 'heap-drop'? (known: " in refused(
         ["check", "--mutant", "heap_drop"], capsys)
+    assert "no mutant named '' (known: " in refused(["check", "--mutant", ""], capsys)  # not the whole campaign
+    assert "--mutant" in refused(["check", "--engine", "reference", "--mutant", ""], capsys)
 
 
 @pytest.mark.parametrize("change, says", [
