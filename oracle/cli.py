@@ -12,7 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from contextlib import closing
+from contextlib import closing, nullcontext
 from functools import partial
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -716,23 +716,24 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 def cmd_check_trace(args: argparse.Namespace) -> int:
     from kvoracle.oracle.trace import TraceFormatError, check_trace, decimal_hashes, read_lines
 
+    name = "<stdin>" if args.file == "-" else args.file
     try:
-        with open(args.file, "rb") as f:  # decoded line by line: an undecodable one is named
+        with open(args.file, "rb") if args.file != "-" else nullcontext(sys.stdin.buffer) as f:  # decoded line by line
             report = check_trace(read_lines(f))
     except OSError as e:
         print(f"kvoracle check-trace: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 2
     except TraceFormatError as e:
-        print(f"kvoracle check-trace: {args.file}: {e}", file=sys.stderr)
+        print(f"kvoracle check-trace: {name}: {e}", file=sys.stderr)
         return 2
     if report.passed:
-        print(f"{args.file}: {report.events} event{'' if report.events == 1 else 's'}, no violation")
+        print(f"{name}: {report.events} event{'' if report.events == 1 else 's'}, no violation")
         if report.unfinished:
             print(f"note: {report.unfinished}")
         for gap in report.unchecked:
             print(f"not checked: {gap}")
         return 0
-    print(f"{args.file}: first violation at line {report.line}, after {report.events} "
+    print(f"{name}: first violation at line {report.line}, after {report.events} "
           f"event{'' if report.events == 1 else 's'}:")
     for v in report.violations[:8]:
         print(f"  {v}")
@@ -740,10 +741,18 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
     if named:
         print(f"  (the trace writes these hashes in decimal: {named})")
     shown = [(n, line) for n, line in enumerate(report.prefix, 1) if line.strip()]  # by the file's line numbers
-    print(f"\nthe shortest prefix that shows it ({len(shown)} lines):")
-    for n, line in shown:
+    print(f"\nthe shortest prefix that shows it ({len(shown)} lines"
+          + (f"; the header and the last {LAST_LINES} shown):" if len(shown) > LAST_LINES + 2 else "):"))
+    for i, (n, line) in enumerate(shown):
+        if 0 < i < len(shown) - LAST_LINES and len(shown) > LAST_LINES + 2:
+            if i == 1:
+                print(f"  {'...':>4}  (lines {n} to {shown[-LAST_LINES - 1][0]}: each replays without a violation)")
+            continue
         print(f"  {n:>4}  {line if len(line) <= 160 else line[:157] + '...'}")
     return 1
+
+
+LAST_LINES = 30  # of a long prefix, the lines shown before the violation (the file has the rest)
 
 
 def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant: str | None = None) -> bool:
@@ -762,6 +771,7 @@ def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant
         return False
     cache_class = CacheManager if chosen is None else chosen.cache_class
     scheduler = (chosen.scheduler_class if chosen is not None else None) or ResourceManager
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # as --json and --coverage-report make theirs
     with open(path, "w", encoding="utf-8") as f:
         try:
             if level == "scheduler":
@@ -773,7 +783,7 @@ def record_trace(path: str, events: int, seed: int, level: str = "cache", mutant
                 raise  # the reference itself: a bug to see, not a trace to keep
             print(f"recorded {what} to {path} until it raised {e!r}")
             return True
-    print(f"recorded {n} lines of {what} to {path}")
+    print(f"recorded {what} to {path}: a header and {n} event{'s' if n != 1 else ''} (a call may make more than one)")
     if chosen is not None:
         _say_if_unseen(path, mutant or "")
     return True
@@ -941,7 +951,7 @@ def parser() -> argparse.ArgumentParser:
                                    "checks every invariant and every observed state, and prints the first "
                                    "violation with the shortest prefix of the trace that shows it (exit 1). "
                                    "Format: docs/trace.md.")
-    t.add_argument("file", help="the trace file")
+    t.add_argument("file", help="the trace file ('-': read it from standard input)")
     t.set_defaults(func=cmd_check_trace)
     pr = sub.add_parser("prove", help="run every proof obligation and print a paragraph per run",
                         description="Runs the bounded model check of spec/ (and of the FastDeploy-bug mutants), the "

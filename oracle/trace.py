@@ -149,11 +149,18 @@ def _checked(obj: Mapping[str, object], fields: Fields, line: int, what: str, al
                                      "an engine's own notes go in fields whose names start with _)")
 
 
+def _no_op(op: object, level: str, table: Mapping[str, Fields] | None = None) -> str:
+    """What is wrong with an event's op (none, not a string, or another level's)."""
+    known = ", ".join(sorted(table or SCHEDULER_FIELDS) + (sorted(SCHEDULING) if level == "scheduler" else []))
+    said = "the event has no op" if op is None else f"unknown op {json.dumps(op)}"
+    return f"{said} for a {level}-level trace (one of: {known})"
+
+
 def _event_fields(ev: Json, line: int, table: Mapping[str, Fields], level: str) -> str:
     """The event's op, once its fields are those the op takes."""
     op = ev.get("op")
     if not isinstance(op, str) or op not in table:
-        raise TraceFormatError(line, f"unknown op {op!r} for a {level}-level trace")
+        raise TraceFormatError(line, _no_op(op, level, table))
     _checked(ev, table[op], line, f"this {op} event", also=frozenset({"op", "observe"}))
     return op
 
@@ -176,6 +183,18 @@ def _int(x: object, line: int, what: str, least: int | None = None) -> int:
     return x
 
 
+def _hash(x: object, line: int, what: str) -> BlockHash:
+    """A block hash: an unsigned 64-bit integer (spec's hashes are; an engine's must fit too)."""
+    h = _int(x, line, what, least=0)
+    if h >= 1 << 64:
+        raise TraceFormatError(line, f"{what} must be below 2**64 (an unsigned 64-bit hash), not {h}")
+    return BlockHash(h)
+
+
+def _hashes(x: object, line: int, what: str) -> tuple[BlockHash, ...]:
+    return tuple(_hash(h, line, f"a hash of {what}") for h in _ints(x, line, what))
+
+
 def outcome_of(x: object, line: int) -> Outcome:
     simple: dict[object, Outcome] = {"ok": Ok(), "error": Error(), "timeout": Timeout()}
     if isinstance(x, str) and x in simple:
@@ -191,11 +210,11 @@ def outcome_json(o: Outcome) -> object:
 
 def step_of(x: object, line: int) -> EvictStep:
     if isinstance(x, list) and len(x) == 3 and x[0] == "swap_out":
-        return SwapOutTo(BlockHash(_int(x[1], line, "node")), CpuBlock(_int(x[2], line, "cpu block", least=0)))
+        return SwapOutTo(_hash(x[1], line, "node"), CpuBlock(_int(x[2], line, "cpu block", least=0)))
     if isinstance(x, list) and len(x) == 3 and x[0] == "stale" and x[2] in ("gpu", "cpu"):
-        return SkipStale(BlockHash(_int(x[1], line, "node")), Tier(x[2]))
+        return SkipStale(_hash(x[1], line, "node"), Tier(x[2]))
     if isinstance(x, list) and len(x) == 2 and x[0] in ("drop", "evict_cpu"):
-        h = BlockHash(_int(x[1], line, "node"))
+        h = _hash(x[1], line, "node")
         return Drop(h) if x[0] == "drop" else EvictCpu(h)
     raise TraceFormatError(line, f"unknown eviction step {x!r}")
 
@@ -212,7 +231,7 @@ def _writes(ev: Json, line: int) -> tuple[tuple[BlockHash, GpuBlock], ...]:
     pairs = ev.get("writes", [])
     if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
         raise TraceFormatError(line, "writes must be a list of [hash, block] pairs")
-    return tuple((BlockHash(_int(p[0], line, "hash")), GpuBlock(_int(p[1], line, "block", least=0))) for p in pairs)
+    return tuple((_hash(p[0], line, "hash"), GpuBlock(_int(p[1], line, "block", least=0))) for p in pairs)
 
 
 def _blocks(ev: Json, key: str, line: int) -> tuple[GpuBlock, ...]:
@@ -240,7 +259,7 @@ def cache_event(ev: Json, line: int) -> CacheEvent:
     if shared is not None:
         return shared
     r = RequestId(_int(ev["request"], line, "request"))
-    hashes = tuple(BlockHash(h) for h in _ints(ev.get("hashes", []), line, "hashes"))
+    hashes = _hashes(ev.get("hashes", []), line, "hashes")
     if op == "match":
         limit = ev.get("limit")
         return Match(r, hashes, _blocks(ev, "swap_dests", line), _blocks(ev, "prefetch_dests", line),
@@ -323,13 +342,26 @@ def _heap(obs: Mapping[str, object], tier: str, heap: Heap, line: int) -> Heap:
     flags (taken to agree with the entries when only those are reported)."""
     if f"{tier}_findable" not in obs:
         return heap
-    entries = frozenset(BlockHash(h) for h in _ints(obs[f"{tier}_findable"], line, f"{tier}_findable"))
+    entries = frozenset(_hashes(obs[f"{tier}_findable"], line, f"{tier}_findable"))
     flagged = obs.get(f"{tier}_flagged")
-    return Heap(entries, entries if flagged is None else frozenset(
-        BlockHash(h) for h in _ints(flagged, line, f"{tier}_flagged")))
+    return Heap(entries, entries if flagged is None else frozenset(_hashes(flagged, line, f"{tier}_flagged")))
 
 
 # --- checking ----------------------------------------------------------------------------------------
+
+
+def _header_version(head: Json, line: int) -> int:
+    """The header's version, or the format error that says what is wrong with the header."""
+    if "op" in head and "format" not in head:
+        raise TraceFormatError(line, "this is an event: a trace starts with a header, "
+                                     f'{{"format": "{FORMAT}", "version": {VERSION}, "level": ..., ...}}')
+    if head.get("format") != FORMAT:
+        raise TraceFormatError(line, f'the header\'s format must be "{FORMAT}", not {json.dumps(head.get("format"))}')
+    version = head.get("version")
+    if not _is_int(version) or version not in (1, 2, VERSION):
+        raise TraceFormatError(line, f"the header's version is {json.dumps(version)}: this kvoracle reads versions "
+                                     f"1, 2 and {VERSION} (integers)")
+    return version
 
 
 def check_trace(lines: Sequence[str]) -> TraceReport:
@@ -340,9 +372,7 @@ def check_trace(lines: Sequence[str]) -> TraceReport:
         raise TraceFormatError(1, "empty trace")
     top, header = rows[0]
     head = _parse(header, top)
-    version = head.get("version")
-    if head.get("format") != FORMAT or version not in (1, 2, VERSION):
-        raise TraceFormatError(top, f"not a {FORMAT} header of version 1, 2 or {VERSION}")
+    version = _header_version(head, top)
     level = head.get("level", "cache")
     if level not in ("cache", "scheduler"):
         raise TraceFormatError(top, f"level must be \"cache\" or \"scheduler\", not {level!r}")
@@ -465,12 +495,12 @@ def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: S
         reported.update(_reported(ev))
         op = ev.get("op")
         if not isinstance(op, str):  # (a list as op cannot even be looked up)
-            raise TraceFormatError(n, f"unknown op {op!r} for a scheduler-level trace")
+            raise TraceFormatError(n, _no_op(op, "scheduler"))
         ops.add(op)
         if op in SCHEDULING:
-            if len(ev) > 1:
-                extra = sorted(set(ev) - {"op"})
-                raise TraceFormatError(n, f"a {op} line carries nothing but its op, not {extra}")
+            extra = sorted(k for k in ev if k != "op" and not k.startswith("_"))  # _fields are the engine's own
+            if extra:
+                raise TraceFormatError(n, f"a {op} line carries nothing but its op (and _fields), not {extra}")
             found = steps.mark(op, s, before, n)
             if found:
                 return TraceReport(count, found, n, list(lines[:n]))
@@ -507,8 +537,10 @@ def unfinished(s: CacheState, live: Sequence[RequestId]) -> str:
              f"{', ...' if len(live) > 8 else ''}; {held} GPU block{'s' if held != 1 else ''} held)"] if live else []
     if s.transfers:
         parts.append(f"{len(s.transfers)} transfer{'s' if len(s.transfers) != 1 else ''} in flight")
-    return (f"the trace ends with {' and '.join(parts)}: whether their blocks come back is not judged "
-            "(LIVE-EXIT judges each exit the trace has); a trace that goes on until the engine is idle judges it")
+    one = len(live) + len(s.transfers) == 1
+    return (f"the trace ends with {' and '.join(parts)}: whether {'its' if one else 'their'} blocks come back is not "
+            "judged (LIVE-EXIT judges each exit the trace has, LIVE-TRANSFER each transfer on a scheduler-level "
+            "trace's clock); a trace that goes on until the engine is idle judges it")
 
 
 def _late(s: System, events: int, prefix: Sequence[str]) -> TraceReport | None:
@@ -711,5 +743,7 @@ def read_lines(source: Iterable[str | bytes]) -> list[str]:
         except UnicodeDecodeError as e:
             raise TraceFormatError(n, f"not UTF-8 text (byte {e.object[e.start]:#04x}): a trace is JSON Lines, "
                                       "not a binary or compressed file") from e
+        if n == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark some writers put first is no part of the JSON
         lines.append(line.rstrip("\r\n") if line.strip() else "")
     return lines

@@ -137,6 +137,10 @@ def test_blank_lines_are_skipped_and_every_line_keeps_its_number(tmp_path: Path,
     (json.dumps({"op": "allocate", "request": 0, "blocks": [-1]}), "a block of blocks must be at least 0"),
     (json.dumps({"op": "match", "request": 0, "limit": -1}), "limit must be at least 0"),
     ('{"op": "release", "request": 0, "request": 1}', "field 'request' given twice"),
+    (json.dumps({"request": 0}), r"the event has no op for a cache-level trace \(one of: allocate, commit"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [-7]}), "a hash of hashes must be at least 0"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [2 ** 64]}), "must be below 2\\*\\*64"),
+    (json.dumps({"op": "evict", "steps": [["drop", -1]]}), "node must be at least 0"),
 ])
 def test_malformed_lines_name_their_line(text: str, why: str) -> None:
     with pytest.raises(TraceFormatError, match=f"line 2: .*{why}"):
@@ -149,6 +153,51 @@ def test_an_engines_own_notes_are_fields_whose_names_start_with_an_underscore() 
     assert check_trace(noted).passed
     with pytest.raises(TraceFormatError, match="line 1: a cache-level header has no field 'engine'"):
         check_trace([json.dumps({**json.loads(HEAD), "engine": "toy 1.0"}), *trace(GOOD)[1:]])
+
+
+@pytest.mark.parametrize("header, says", [
+    ({"format": "kvoracle-trace", "version": True, "gpu_blocks": 4, "cpu_blocks": 2}, "the header's version is true"),
+    ({"format": "kvoracle-trace", "version": 3.0, "gpu_blocks": 4, "cpu_blocks": 2}, "the header's version is 3.0"),
+    ({"format": "kvoracle-trace", "version": 4, "gpu_blocks": 4, "cpu_blocks": 2}, "the header.s version is 4: this kvoracle reads versions 1, 2 and 3"),
+    ({"format": "kvtrace", "version": 3, "gpu_blocks": 4, "cpu_blocks": 2},
+     'the header.s format must be "kvoracle-trace", not "kvtrace"'),
+    ({"op": "match", "request": 0}, "this is an event: a trace starts with a header"),
+])
+def test_a_wrong_header_says_what_is_wrong(header: dict[str, object], says: str) -> None:
+    with pytest.raises(TraceFormatError, match=f"line 1: {says}"):
+        check_trace([json.dumps(header), *trace()[1:]])
+
+
+def test_a_trace_is_read_from_standard_input_and_past_a_byte_order_mark(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    text = "\n".join(trace(GOOD)) + "\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    assert main(["check-trace", "-"]) == 0 and capsys.readouterr().out.startswith("<stdin>: ")
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert main(["check-trace", str(marked)]) == 0
+
+
+def test_a_long_prefix_shows_the_header_and_the_lines_before_the_violation(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    lines = trace()
+    quiet = [json.dumps({"op": "match", "request": 9, "hashes": []}),
+             json.dumps({"op": "release", "request": 9, "writes": []})] * 40
+    bad = json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"gpu_free": [0, 0]}})
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join([lines[0], *quiet, bad]) + "\n")
+    assert main(["check-trace", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("the shortest prefix that shows it (82 lines; the header and the last 30 shown):")
+    assert out[start + 1].startswith("     1  {") and out[start + 2] == (
+        "   ...  (lines 2 to 52: each replays without a violation)")
+    assert out[start + 3].startswith("    53  ") and out[-1].startswith("    82  ") and len(out) == start + 33
+
+
+def test_a_recording_makes_the_folder_it_is_written_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "new" / "folder" / "t.jsonl"
+    assert main(["check", "--record", str(path), "--record-events", "5", "--record-only"]) == 0
+    assert path.is_file() and ": a header and " in capsys.readouterr().out
 
 
 def test_a_header_beyond_what_is_checked_is_refused_at_once() -> None:
@@ -170,7 +219,7 @@ def test_a_trace_that_ends_mid_run_says_what_it_leaves_unjudged(capsys: pytest.C
     running = tmp_path / "running.jsonl"
     running.write_text("\n".join(trace()[:3]) + "\n")  # r0 allocated its blocks, and the trace stops
     assert main(["check-trace", str(running)]) == 0
-    assert "note: the trace ends with 1 request live (r0; 2 GPU blocks held): whether their blocks come back is " \
+    assert "note: the trace ends with 1 request live (r0; 2 GPU blocks held): whether its blocks come back is " \
            "not judged" in capsys.readouterr().out
     done = tmp_path / "done.jsonl"
     done.write_text("\n".join(trace()) + "\n")
@@ -308,6 +357,8 @@ def test_scheduling_steps_that_decode_pass() -> None:
                                        {"op": "scheduled"}]
     report = check_trace(steps_trace([*FIRST_STEP, *decode, {"op": "tick"}, *decode[:1], *decode[2:]]))
     assert report.passed  # one step that stands still is the grace
+    stamped = [{**e, "_ts": 1.5} for e in [*FIRST_STEP, *decode]]  # an engine's own fields, on step lines too
+    assert check_trace(steps_trace(stamped)).passed
 
 
 def test_a_request_that_preempts_itself_for_ever_is_live_progress_at_the_second_step() -> None:
@@ -353,7 +404,7 @@ def test_misplaced_step_lines_and_a_bad_reserve_are_format_errors(events: list[d
 
 
 def test_step_lines_belong_to_scheduler_traces_only() -> None:
-    with pytest.raises(TraceFormatError, match="unknown op 'schedule' for a cache-level trace"):
+    with pytest.raises(TraceFormatError, match=r'unknown op "schedule" for a cache-level trace \(one of: allocate'):
         check_trace([*trace(), json.dumps({"op": "schedule"})])
 
 
@@ -377,10 +428,15 @@ def test_every_trace_here_is_a_line_of_the_documented_schema() -> None:
     refused = [{**SCHEDULER_HEAD, "timeout": 0}, {**SCHEDULER_HEAD, "level": "Scheduler"}, {"op": "scheduled", "n": 1},
                {"op": "tick", "ticks": -1}, {"op": "match", "request": 0, "observe": {"refcounts": {"\u00b2": 1}}},
                {"op": "match", "request": 0, "obsreve": {}}, {"op": "match", "request": 0, "observe": {"gpu_fre": []}},
-               {"op": "allocate", "request": 0}, {**SCHEDULER_HEAD, "reserv": 1}]
+               {"op": "allocate", "request": 0}, {**SCHEDULER_HEAD, "reserv": 1},
+               {"op": "allocate", "request": 0, "blocks": [-1]}, {"op": "match", "request": 0, "hashes": [-7]},
+               {"op": "match", "request": 0, "hashes": [2 ** 64]}, {**SCHEDULER_HEAD, "version": True}]
     for bad in refused:  # lines the reader refuses, the schema too
         assert not jsonschema.Draft202012Validator(schema).is_valid(bad), bad
     jsonschema.validate({"op": "reset", "_ts": 3}, schema)  # an engine's own note, as the reader takes it
+    jsonschema.validate({"op": "schedule", "_ts": 3}, schema)
+    jsonschema.validate({"op": "match", "request": 0, "limit": None}, schema)  # no limit, as the reader takes it
+    assert check_trace([HEAD, json.dumps({"op": "match", "request": 0, "limit": None})]).passed
 
 
 def recorded_scheduler(scheduler_class: type[ResourceManager], seed: int, steps: int = 400) -> list[str]:
