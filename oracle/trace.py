@@ -508,7 +508,7 @@ def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: S
             continue
         event = system_event(ev, n)
         # time moves on: whatever the last tick timed out has been answered in the lines since
-        late = _late(s, count - 1, lines[:last]) if isinstance(event, Tick) else None
+        late = _late(s, count - 1, lines[:n]) if isinstance(event, Tick) else None  # at the tick that went past
         if late is not None:
             return late
         try:

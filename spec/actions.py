@@ -213,7 +213,9 @@ def match(
     fetches: list[tuple[BlockHash, GpuBlock]] = []
     for g in prefetch_dests:
         i = len(path) + len(fetches)
-        require(i < len(hashes) and hashes[i] in s.stored, a, f"block {i} is not a storage hit")
+        require(i < len(hashes) and hashes[i] in s.stored, a,
+                f"prefetch into GPU block {g}: the prompt's block {i} "
+                + (f"({hashes[i]:#x}) is not in storage" if i < len(hashes) else "does not exist (the prompt is shorter)"))
         fetches.append((hashes[i], g))
     nodes = _adjust_ref(nodes, path, +1)
     out = replace(

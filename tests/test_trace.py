@@ -306,6 +306,13 @@ def test_a_scheduler_trace_whose_hashes_are_specs_passes() -> None:
 def test_a_scheduler_trace_checks_its_own_clock() -> None:
     report = check_trace(scheduler_trace(last=[{"op": "tick", "ticks": 3}]))
     assert report.violations[0].id == "LIVE-TRANSFER" and report.line == 7
+    # tick by tick (timeout 2): the second tick makes the write due, the third goes past it
+    # without the engine's timeout: the third is the line that shows it
+    report = check_trace(scheduler_trace(last=[{"op": "tick"}] * 3))
+    assert report.violations[0].id == "LIVE-TRANSFER" and report.line == 9 and len(report.prefix) == 9
+    in_time: list[dict[str, object]] = [{"op": "tick"}, {"op": "tick"},
+                                        {"op": "complete", "transfer": 0, "outcome": "timeout"}, {"op": "tick"}]
+    assert check_trace(scheduler_trace(last=in_time)).passed
 
 
 def test_a_ticks_timeouts_follow_it_and_one_a_tick_late_is_caught() -> None:
@@ -314,7 +321,7 @@ def test_a_ticks_timeouts_follow_it_and_one_a_tick_late_is_caught() -> None:
     tick, timeout = {"op": "tick", "ticks": 2}, {"op": "complete", "transfer": 0, "outcome": "timeout"}
     assert check_trace(scheduler_trace(last=[tick, timeout])).passed
     late = check_trace(scheduler_trace(last=[tick, {"op": "tick", "ticks": 1}, timeout]))
-    assert [v.id for v in late.violations] == ["LIVE-TRANSFER"] and late.line == 7
+    assert [v.id for v in late.violations] == ["LIVE-TRANSFER"] and late.line == 8  # the tick that went past it
 
 
 def test_a_timeout_before_the_transfers_time_is_no_step_of_spec() -> None:
