@@ -608,7 +608,9 @@ def header(gpu_blocks: int, cpu_blocks: int) -> str:
 def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_blocks: int = 3,
            cache_class: type[CacheManager] = CacheManager) -> int:
     """Drive the reference cache (or a subclass: a mutant) with a seeded random workload
-    and write its trace, until at least `steps` events are written (returned)."""
+    and write its trace, until at least `steps` events are written, then release every
+    request and answer every transfer, so that the trace ends idle (the events written
+    are returned)."""
     rnd = random.Random(seed)
     cache = cache_class(gpu_blocks, cpu_blocks)
     prompts = [block_hashes(p, 2) for p in ((1, 1, 2, 2), (1, 1, 2, 1), (2, 2, 1, 1), (1, 1))]
@@ -658,6 +660,12 @@ def record(out: TextIO, *, steps: int, seed: int, gpu_blocks: int = 8, cpu_block
         elif k == 5 and not live and cache.tree.size and rnd.random() < 0.2:
             cache.reset()
             emit({"op": "reset"})
+    for r in sorted(live):  # the trace ends idle: every exit and every transfer is judged
+        cache.release(r, ())
+        emit({"op": "release", "request": r, "writes": []})
+    for t in sorted(cache.in_flight()):
+        cache.complete(t, Ok())
+        emit({"op": "complete", "transfer": t, "outcome": "ok"})
     return written
 
 
