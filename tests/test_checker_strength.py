@@ -37,7 +37,7 @@ from kvoracle.scheduler.request import WritePolicy
 from kvoracle.scheduler.resource_manager import ResourceManager
 from kvoracle.spec.hashing import block_hashes
 from kvoracle.spec.invariants import Violation
-from kvoracle.spec.types import BlockHash, CpuBlock, Error, GpuBlock, Ok, OnCpu, OnGpu, Partial, RequestId
+from kvoracle.spec.types import BlockHash, CpuBlock, Error, GpuBlock, Ok, OnCpu, OnGpu, Partial, RequestId, SwappingOut
 
 R0, R1, R2 = RequestId(0), RequestId(1), RequestId(2)
 HS = block_hashes([1, 1, 2, 2], 2)  # two chained full blocks
@@ -166,10 +166,11 @@ def test_audit_and_spec_findings_are_both_reported() -> None:
 # --- content() on corrupted bytes ------------------------------------------------------------------
 
 
-def rm_with_pools(gpu: int = 6, cpu: int = 2, block_size: int = 2) -> ResourceManager:
+def rm_with_pools(gpu: int = 6, cpu: int = 2, block_size: int = 2, copier: FaultyCopier | None = None) -> ResourceManager:
     pools = KVPools(make_pool("numpy", "cpu", gpu, block_size, 1, 8), make_pool("numpy", "cpu", cpu, block_size, 1, 8))
-    return ResourceManager(CacheManager(gpu, cpu), FaultyStorage(MemoryStorage(), NoFaults()), FaultyCopier(NoFaults()),
-                           block_size=block_size, write_policy=WritePolicy.NONE, pools=pools)
+    return ResourceManager(CacheManager(gpu, cpu), FaultyStorage(MemoryStorage(), NoFaults()),
+                           copier or FaultyCopier(NoFaults()), block_size=block_size, write_policy=WritePolicy.NONE,
+                           pools=pools)
 
 
 def kv_content(rm: ResourceManager) -> list[Violation]:
@@ -231,6 +232,23 @@ def test_content_flags_a_corrupted_cpu_copy() -> None:
     assert isinstance(t, OnCpu)
     scribble(rm, "cpu", t.cpu)
     assert ids(kv_content(rm)) == ["INV-CONTENT"]
+
+
+def test_content_flags_a_corrupted_gpu_block_while_its_node_swaps_out() -> None:
+    """A node swapping out still has its GPU copy, which the copy reads: wrong bytes there
+    are INV-CONTENT before the swap-out ends (the twenty-sixth blind run's escape checked
+    OnGpu only, and a swap-out that then fails leaves the wrong bytes on the GPU)."""
+    plan = ScriptedFaults([Fault(FaultKind.HANG)])  # the swap-out is started and never answered
+    rm = rm_with_pools(copier=FaultyCopier(plan))
+    cached(rm)
+    rm.evict_all()
+    leaving = [n for n in rm.cache.tree.walk() if isinstance(n.tier, SwappingOut)]
+    assert leaving and kv_content(rm) == []
+    t = leaving[0].tier
+    assert isinstance(t, SwappingOut)
+    scribble(rm, "gpu", t.gpu)
+    found = kv_content(rm)
+    assert ids(found) == ["INV-CONTENT"] and f"GPU block {t.gpu} " in found[0].message
 
 
 def test_content_flags_a_corrupted_private_block() -> None:

@@ -96,6 +96,30 @@ def test_a_finish_writes_the_blocks_decode_filled_without_kv_pools_too() -> None
     assert store.exists(block_hashes(tokens, 2)) == 2
 
 
+@pytest.mark.parametrize("policy, writes", [
+    (WritePolicy.NONE, set()),
+    (WritePolicy.ON_FINISH, {Status.FINISHED}),
+    (WritePolicy.ON_FINISH_AND_PREEMPT, {Status.FINISHED, Status.PREEMPTED}),
+])
+def test_each_write_policy_writes_on_the_exits_it_names_and_no_other(policy: WritePolicy,
+                                                                     writes: set[Status]) -> None:
+    """Which exits store the request's blocks is the policy's choice, which spec/ leaves
+    open (an exit may write or not): only this test holds the reference to its policy (the
+    twenty-sixth blind run's ON_FINISH wrote on preemption too, and every row passed)."""
+    for exit_to in (Status.FINISHED, Status.PREEMPTED, Status.ABORTED):
+        store = MemoryStorage()
+        rm = ResourceManager(CacheManager(8, 2), FaultyStorage(store, ScriptedFaults()),
+                             FaultyCopier(ScriptedFaults()), block_size=2, write_policy=policy, timeout=3)
+        rm.submit(R, [1, 1, 2, 2, 1])
+        rm.schedule()
+        rm.schedule()
+        {Status.FINISHED: lambda: rm.finish([R]), Status.PREEMPTED: lambda: rm.preempt(R),
+         Status.ABORTED: lambda: rm.abort(R)}[exit_to]()
+        rm.tick(1)
+        assert (len(store) > 0) == (exit_to in writes), (policy, exit_to)
+        assert policy.writes_on(exit_to) == (exit_to in writes)
+
+
 def test_preempted_request_is_first_in_line_again() -> None:
     rm = running(ScriptedFaults())
     rm.submit(RequestId(1), [2, 2])
