@@ -728,6 +728,8 @@ def cmd_check_trace(args: argparse.Namespace) -> int:
         return 2
     if report.passed:
         print(f"{name}: {report.events} event{'' if report.events == 1 else 's'}, no violation")
+        if not report.events:
+            print("note: the trace has a header and no event: nothing was checked")
         if report.unfinished:
             print(f"note: {report.unfinished}")
         for gap in report.unchecked:

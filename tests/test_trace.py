@@ -168,11 +168,18 @@ def test_a_wrong_header_says_what_is_wrong(header: dict[str, object], says: str)
         check_trace([json.dumps(header), *trace()[1:]])
 
 
+def write(path: Path, lines: Sequence[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_a_trace_is_read_from_standard_input_and_past_a_byte_order_mark(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     text = "\n".join(trace(GOOD)) + "\n"
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     assert main(["check-trace", "-"]) == 0 and capsys.readouterr().out.startswith("<stdin>: ")
+    assert main(["check-trace", str(write(tmp_path / "head.jsonl", [HEAD]))]) == 0
+    assert "note: the trace has a header and no event: nothing was checked" in capsys.readouterr().out
     marked = tmp_path / "bom.jsonl"
     marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
     assert main(["check-trace", str(marked)]) == 0
