@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TypeVar
 
 import pytest
 
@@ -199,6 +200,19 @@ def cached(rm: ResourceManager) -> None:
     assert kv_content(rm) == []
 
 
+T = TypeVar("T")
+
+
+def evicted(rm: ResourceManager, kind: type[T]) -> T:
+    """R0's cached blocks after one round of eviction: the tier of the first node that is
+    now `kind`, every block's bytes still its prefix's."""
+    cached(rm)
+    rm.evict_all()
+    tiers = [n.tier for n in rm.cache.tree.walk() if isinstance(n.tier, kind)]
+    assert tiers and kv_content(rm) == []
+    return tiers[0]
+
+
 def test_content_flags_a_corrupted_cached_gpu_block() -> None:
     """A cached GPU block whose bytes are not its prefix's is INV-CONTENT, even when no request lists it."""
     rm = rm_with_pools()
@@ -224,12 +238,7 @@ def test_content_reports_a_corrupted_block_once_though_the_tree_and_a_table_reac
 def test_content_flags_a_corrupted_cpu_copy() -> None:
     """The CPU copy of a node on the CPU tier is checked: wrong bytes there are INV-CONTENT."""
     rm = rm_with_pools()
-    cached(rm)
-    rm.evict_all()
-    on_cpu = [n for n in rm.cache.tree.walk() if isinstance(n.tier, OnCpu)]
-    assert on_cpu and kv_content(rm) == []
-    t = on_cpu[0].tier
-    assert isinstance(t, OnCpu)
+    t = evicted(rm, OnCpu)
     scribble(rm, "cpu", t.cpu)
     assert ids(kv_content(rm)) == ["INV-CONTENT"]
 
@@ -240,12 +249,7 @@ def test_content_flags_a_corrupted_gpu_block_while_its_node_swaps_out() -> None:
     OnGpu only, and a swap-out that then fails leaves the wrong bytes on the GPU)."""
     plan = ScriptedFaults([Fault(FaultKind.HANG)])  # the swap-out is started and never answered
     rm = rm_with_pools(copier=FaultyCopier(plan))
-    cached(rm)
-    rm.evict_all()
-    leaving = [n for n in rm.cache.tree.walk() if isinstance(n.tier, SwappingOut)]
-    assert leaving and kv_content(rm) == []
-    t = leaving[0].tier
-    assert isinstance(t, SwappingOut)
+    t = evicted(rm, SwappingOut)
     scribble(rm, "gpu", t.gpu)
     found = kv_content(rm)
     assert ids(found) == ["INV-CONTENT"] and f"GPU block {t.gpu} " in found[0].message
