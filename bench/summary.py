@@ -12,8 +12,9 @@ each part began, so a figure measured beside other work is seen as such.
     python bench/summary.py [--quick] [--scopes ci readmission deep] [--max-states N] [--partitions N ...]
                             [--parts model-checker machines bookkeeping workers gpu]
 
-`make bench` runs it (7 to 31 minutes on 2 cores here, with the machine's speed that day). The re-admission and deep scopes take minutes (the deep one about
-ten on 2 cores); a scope cut short by --max-states says so in its row.
+`make bench` runs it (7 to 31 minutes on 2 cores here, with the machine's speed that day). The re-admission and
+deep scopes take minutes a row (the deep one, 210,358 states: about 3 minutes interpreted in one process, 37 s
+compiled on 2); a scope cut short by --max-states says so in its row.
 """
 
 from __future__ import annotations
@@ -157,19 +158,27 @@ def hypothesis_alone(what: str, machine: type[RuleBasedStateMachine], tally: Tal
 
 
 def machines(examples: int) -> list[Row]:
-    """Each machine with its audit after every step, then after every 10th; the cache
+    """Each machine (the engine machine on the reference adapter, with valid input and with
+    bad), its programs drawn by Hypothesis and by the random generator, with its audit after
+    every step, then after every 10th; the cache
     machine with its audit and refinement off (what Hypothesis, the engine and its record
     cost); its rules with empty bodies, and two bare rules (what Hypothesis alone costs)."""
     rows = []
+    adapter = adapter_class("reference")
     for generator, every in (("hypothesis", 1), ("hypothesis", 10), ("random", 1), ("random", 10)):
         audit.set_interval(every)
         campaign.set_generator(generator)
+        drawn = f"{'' if generator == 'hypothesis' else ', random generator'}, audit every {every}"
         for target in (t for t in all_targets() if t.mutant is None):
             row = run_target(target, [0], examples, 100)
-            drawn = "" if generator == "hypothesis" else ", random generator"
-            rows.append((f"{target.level} machine ({target.name}){drawn}, audit every {every}",
+            rows.append((f"{target.level} machine ({target.name}){drawn}",
                          f"{row.steps / row.seconds:,.0f} steps/s",
                          f"{row.steps:,} steps in {row.seconds:.1f} s, seed 0, {row.verdict}"))
+        for bad in (False, True):
+            e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
+            label = f"engine machine (reference adapter{', bad input' if bad else ''}){drawn}"
+            rows.append((label, f"{e.tally.steps / e.seconds:,.0f} steps/s",
+                         f"{e.tally.steps:,} steps in {e.seconds:.1f} s, seed 0, {e.verdict}"))
     audit.set_interval(1)
     campaign.set_generator("hypothesis")  # the rows below measure Hypothesis's share
     start = time.perf_counter()
@@ -184,12 +193,6 @@ def machines(examples: int) -> list[Row]:
                                  "engine, no preconditions): the ceiling of any machine built on it"))
     rows.append(hypothesis_alone("two rules without arguments", *bare_machine(), examples,
                                  "what Hypothesis alone costs per step, drawing only which rule comes next"))
-    adapter = adapter_class("reference")
-    for bad in (False, True):
-        e = run_engine(adapter, bad, [0], examples, 100, Path("out/repro"))
-        label = "engine machine (reference adapter" + (", bad input)" if bad else ")")
-        rows.append((label, f"{e.tally.steps / e.seconds:,.0f} steps/s",
-                     f"{e.tally.steps:,} steps in {e.seconds:.1f} s, seed 0, {e.verdict}"))
     campaign.set_generator(campaign.DEFAULT_GENERATOR)
     return rows
 
@@ -260,15 +263,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="model-check scopes to explore (default: ci)")
     p.add_argument("--max-states", type=int, default=2_000_000, help="cut a scope's search after N states")
     p.add_argument("--partitions", type=int, nargs="*", default=[2], metavar="N",
-                   help="also split each scope's search across N processes (default: 2; none: skip)")
+                   help="also split each scope's search across N processes (default: 2; none: no split search, "
+                        "neither on processes nor on a local Ray cluster)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
                    help="which figures to measure (default: all)")
     a = p.parse_args(argv)
     random.seed(0)
     examples = 40 if a.quick else 300
     parts: dict[str, Callable[[], list[Row]]] = {
-        "model-checker": lambda: model_check(a.scopes, a.max_states, a.partitions,
-                                             not a.quick and importlib.util.find_spec("ray") is not None),
+        "model-checker": lambda: model_check(a.scopes, a.max_states, a.partitions, bool(a.partitions) and not a.quick
+                                             and importlib.util.find_spec("ray") is not None),
         "machines": lambda: machines(examples),
         "bookkeeping": lambda: bookkeeping(500 if a.quick else 2000),
         "workers": lambda: workers(examples),

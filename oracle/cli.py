@@ -37,7 +37,7 @@ from kvoracle.oracle.survival import ended_result, on_its_own, quiet
 from kvoracle.oracle.unchecked import refusals_hint
 
 from kvoracle.oracle.targets import Target, all_targets, tally_of
-from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone
+from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, each_alone, session
 
 if TYPE_CHECKING:  # the engine campaign's modules load when an engine is checked
     from kvoracle.oracle.engine_campaign import EngineRow
@@ -808,6 +808,10 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvoracle.proofs.compiled import CompileError
     from kvoracle.proofs.obligations import ALL_IDS, run_all, uncovered
 
+    if args.deep and args.scope not in (None, "deep"):
+        print(f"kvoracle prove: --deep is --scope deep: it excludes --scope {args.scope}", file=sys.stderr)
+        return 2
+    scope = "deep" if args.deep else args.scope or "ci"
     if args.partitions > 1 and args.workers > 1:
         print("kvoracle prove: --partitions excludes --workers", file=sys.stderr)
         return 2
@@ -820,18 +824,20 @@ def cmd_prove(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        rows = run_all("deep" if args.deep else args.scope, crosshair=not args.no_crosshair, examples=args.examples,
-                       workers=args.workers, ray=args.ray, partitions=args.partitions, compiled_search=args.compiled,
-                       progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+        with session(args.ray):  # one cluster for every search, not one started per search
+            rows = run_all(scope, crosshair=not args.no_crosshair, examples=args.examples, workers=args.workers,
+                           ray=args.ray, partitions=args.partitions, compiled_search=args.compiled,
+                           progress=lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     except CompileError as e:
         print(f"kvoracle prove --compiled: {e}", file=sys.stderr)
         return 2
     print(obligation_runs(rows, args.show))
     missing = [] if args.no_crosshair else uncovered(rows)
     failed = [r for r in rows if not r.ok]
-    print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold (an obligation: one property ID in one run above); "
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} obligations hold; "
           f"{len(ALL_IDS) - len(missing)} of {len(ALL_IDS)} property IDs covered"
-          + (f"; uncovered: {', '.join(missing)}" if missing else ""))
+          + (f"; uncovered: {', '.join(missing)}" if missing else "")
+          + "\n(an obligation: one property ID in one run above, shown within that run's bounds only)")
     return 0 if not failed and not missing else 1
 
 
@@ -959,10 +965,11 @@ def parser() -> argparse.ArgumentParser:
                         description="Runs the bounded model check of spec/ (and of the FastDeploy-bug mutants), the "
                                     "Hypothesis machines on the reference and the CrossHair contracts. "
                                     "Exit status non-zero when any obligation fails or an ID is uncovered.")
-    pr.add_argument("--scope", choices=["quick", "ci", "deep"], default="ci",
+    pr.add_argument("--scope", choices=["quick", "ci", "deep"],
                     help="quick: a small model and few programs (seconds with --no-crosshair; its CrossHair "
-                         "contracts take 10 s each, about 2 minutes in all); ci: the default (a few minutes); "
-                         "deep: the larger model-check scope (minutes)")
+                         "contracts take 10 s each, about 80 s in all); ci: the default (a few minutes); "
+                         "deep: the larger model-check scope (minutes). Each search stops at its scope's state "
+                         "limit: 100,000, 500,000 and 5,000,000 states")
     pr.add_argument("--deep", action="store_true", help="the same as --scope deep")
     pr.add_argument("--workers", type=positive, default=1, metavar="N",
                     help="run the groups of obligations on N processes (default 1)")
@@ -974,9 +981,11 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--compiled", action="store_true",
                     help="run the model checks compiled by mypyc (1.6 to 2.5x the states per second; needs mypy, "
                          "the dev extra, and a C compiler; built once per version into $KVORACLE_CACHE, "
-                         "else ~/.cache/kvoracle)")
+                         "else $XDG_CACHE_HOME/kvoracle, else ~/.cache/kvoracle)")
     pr.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair contracts")
-    pr.add_argument("--examples", type=positive, default=100, help="Hypothesis programs per machine (default 100)")
+    pr.add_argument("--examples", type=positive, default=100, metavar="N",
+                    help="Hypothesis programs per machine at the ci scope (default 100); the quick scope runs "
+                         "a fifth of them, the deep one five times as many")
     pr.add_argument("--show", action="store_true", help="print the traces of the mutants' counterexamples")
     pr.set_defaults(func=cmd_prove)
     h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed "
@@ -1008,7 +1017,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # drawn per process its finding would not replay, nor its reproduction confirm it
         os.execve(sys.executable, [sys.executable, "-m", "kvoracle.oracle.cli", *sys.argv[1:]],
                   {**os.environ, "PYTHONHASHSEED": HASH_SEED})
-    args = parser().parse_args(argv)
+    args = parse(parser(), argv)
     stdout, sys.stdout = sys.stdout, cast(TextIO, ReaderGone(sys.stdout))
     try:
         code: int = args.func(args)
@@ -1023,6 +1032,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.stdout = stdout
     return code
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """p's arguments. A word no option takes is refused by the subcommand it was given
+    to, with that subcommand's usage and its nearest option (argparse leaves it to the
+    top level, whose usage lists only the subcommands)."""
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        command = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+        options = [o for a in command._actions for o in a.option_strings]
+        near = difflib.get_close_matches(extra[0].partition("=")[0], options, n=1)
+        command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {near[0]}?)" if near else ""))
+    return args
 
 
 class ReaderGone:

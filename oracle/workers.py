@@ -14,6 +14,7 @@ import socket
 import tempfile
 import traceback
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +55,25 @@ def each_alone(work: Callable[[T], R], pieces: Sequence[T], workers: int = 1, ra
         yield from _on_ray(work, pieces, ray)
     else:
         yield from in_children(work, pieces, workers, beats, quiet)
+
+
+@contextmanager
+def session(address: str | None) -> Iterator[None]:
+    """One Ray session for every search and campaign of a run (each would otherwise
+    connect on its own, and with `local` start a cluster of its own), ended after it;
+    nothing without an address, or where the caller's own session is already up."""
+    if address is None:
+        yield
+        return
+    ray = _ray()
+    ours = not ray.is_initialized()
+    if ours:
+        _connect(ray, address)
+    try:
+        yield
+    finally:
+        if ours:
+            ray.shutdown()
 
 
 def _on_ray(work: Callable[[T], R], pieces: Sequence[T], address: str) -> Iterator[R | Ended]:

@@ -4,8 +4,8 @@ per second of the interpreted one (`make bench` prints both, side by side).
 mypyc (it ships with mypy, the dev extra) compiles spec/, proofs/model_check.py and
 proofs/frontier.py, code mypy --strict already checks, to C extensions; it needs a C
 compiler. `build` does that once per version of the sources, in a copy of the kvoracle
-package under the cache directory ($KVORACLE_CACHE, else ~/.cache/kvoracle), and
-`search` runs one model check in a child process that imports that copy: the state
+package under the cache directory ($KVORACLE_CACHE, else $XDG_CACHE_HOME/kvoracle, else
+~/.cache/kvoracle), and `search` runs one model check in a child process that imports that copy: the state
 space, the checks and the counterexamples are those of the interpreted search
 (tests/test_compiled.py compares them). CrossHair and the machines keep using the
 interpreted spec/: only the searches run compiled.

@@ -65,6 +65,12 @@ class Search:
     ray: str | None = None
     compiled: bool = False
 
+    def describe(self) -> str:
+        """How the search ran, as the end of its row ('' in one interpreted process)."""
+        where = f", {self.partitions} partitions" if self.partitions > 1 else ""
+        where += " on Ray" if where and self.ray else ""
+        return where + (", compiled" if self.compiled else "")
+
     def run(self, scope: Scope, mutation: str = "", max_states: int = 2_000_000,
             progress: Callable[[int, int], None] | None = None) -> Report:
         if self.compiled:
@@ -78,10 +84,10 @@ def model_rows(scope: Scope, max_states: int, search: Search = Search(),
                progress: Callable[[int, int], None] | None = None) -> list[Row]:
     r = search.run(scope, max_states=max_states, progress=progress)
     explored = (f"{r.states:,} states, {r.transitions:,} transitions, drain <= {r.longest_drain}, "
-                f"{r.bytes_per_state:.0f} B/state")
+                f"{r.bytes_per_state:.0f} B/state{search.describe()}")
     if r.passed:
         return [Row(i, "model check", scope.describe(), explored, r.seconds, "holds", True) for i in MODEL_IDS]
-    why = "state limit reached" if not r.complete else f"{r.violation[0]} after: {' ; '.join(r.trace)}"
+    why = f"state limit ({max_states:,}) reached" if not r.complete else counterexample(r)
     failed = {v.id for v in r.violation} or set(MODEL_IDS)
     return [Row(i, "model check", scope.describe(), explored, r.seconds,
                 "VIOLATED" if i in failed else "not reached", False, why) for i in MODEL_IDS]
@@ -94,9 +100,15 @@ def mutant_rows(scope: Scope, search: Search = Search()) -> list[Row]:
         r = search.run(scope, name)
         found = bool(r.violation)
         out.append(Row(r.violation[0].id if found else "-", f"model check of mutant {name}", scope.describe(),
-                       f"{r.states:,} states", r.seconds, f"found in {len(r.trace)} steps" if found else "MISSED",
-                       found, " ; ".join(r.trace)))
+                       f"{r.states:,} states{search.describe()}", r.seconds,
+                       f"found in {len(r.trace)} steps" if found else "MISSED", found,
+                       f"{name} -> {counterexample(r)}" if found else ""))
     return out
+
+
+def counterexample(r: Report) -> str:
+    """A search's first violation, then the steps of its trace, numbered."""
+    return "\n".join([str(r.violation[0]), *(f"  {i}. {step}" for i, step in enumerate(r.trace, 1))])
 
 
 def machine_rows(examples: int) -> list[Row]:

@@ -569,3 +569,23 @@ def test_a_bad_mutant_verdict_on_a_passing_reference_blames_the_checks() -> None
     assert "SURVIVED" in said and "WRONG-ID: caught, but first by a property" in said
     assert cli.weak_checker_hint([row("cache", None, "VIOLATION"), row("cache", "heap-drop", "WRONG-ID")]) == ""
     assert cli.weak_checker_hint([row("cache", "heap-drop", "SURVIVED")], small=True) == ""
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["prove", "--partitons", "2"], "(did you mean --partitions?)"),
+    (["check", "--exampels", "3"], "(did you mean --examples?)"),
+    (["mutants", "extra"], "extra"),
+])
+def test_a_word_no_option_takes_is_refused_by_its_subcommand(
+        argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The subcommand's usage and its nearest option, not the top level's list of subcommands."""
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and f"usage: kvoracle {argv[0]}" in err
+    assert f"kvoracle {argv[0]}: error: unrecognized arguments: " in err and named in err
+
+
+def test_deep_and_another_scope_are_refused_together(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["prove", "--deep", "--scope", "quick", "--no-crosshair"], capsys)
+    assert "--deep is --scope deep: it excludes --scope quick" in err

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvoracle.oracle.cli import main
-from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, in_order
+from kvoracle.oracle.workers import LOCAL, ClusterUnavailable, in_order, session
 
 ray_installed = importlib.util.find_spec("ray") is not None
 
@@ -139,3 +139,18 @@ def test_a_ray_piece_removes_the_directories_of_killed_workers_and_keeps_live_on
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _in_scratch(makes_a_temporary_directory, "kvoracle-disk-")
     assert not dead.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.skipif(not ray_installed, reason="Ray is not installed (pip install 'kvoracle[ray]')")
+def test_one_session_serves_every_search_of_a_run_and_ends_with_it() -> None:
+    """`kvoracle prove --ray local` starts one cluster, not one per search."""
+    import ray
+    with session(LOCAL):
+        assert ray.is_initialized()
+        node = ray.get_runtime_context().get_node_id()
+        assert list(in_order(abs, [-2, 3], ray=LOCAL)) == [2, 3]  # (a Ray worker cannot import this file)
+        assert ray.is_initialized() and ray.get_runtime_context().get_node_id() == node  # not shut down between
+        assert list(in_order(abs, [-4], ray=LOCAL)) == [4]
+    assert not ray.is_initialized()
+    with session(None):
+        assert not ray.is_initialized()
