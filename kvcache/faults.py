@@ -7,6 +7,7 @@ the list of faults it printed (ScriptedFaults).
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +51,23 @@ class Fault:
         extra += f", delay={self.delay}" if self.delay else ""
         return f"Fault(FaultKind.{self.kind.name}{extra})"
 
+    @staticmethod
+    def parse(word: str) -> Fault:
+        """The fault `str` writes as `word`: "raise", "partial(1)", "late(2)"."""
+        found = _WORD.fullmatch(word)
+        kind = _KINDS.get(found.group(1)) if found else None
+        counted = kind in (FaultKind.PARTIAL, FaultKind.LATE, FaultKind.TWICE)
+        if found is None or kind is None or counted != (found.group(2) is not None):
+            raise ValueError(f"no fault is written {word!r}: write one of {', '.join(_KINDS)}, the counted ones "
+                             "with their count: partial(DONE), late(DELAY), twice(DELAY)")
+        if kind is FaultKind.PARTIAL:
+            return Fault(kind, done=int(found.group(2)))
+        return Fault(kind, delay=int(found.group(2))) if counted else Fault(kind)
+
+
+_WORD = re.compile(r"([a-z]+)(?:\((\d+)\))?")
+_KINDS = {k.name.lower(): k for k in FaultKind}
+
 
 OK_FAULT = Fault(FaultKind.OK)
 
@@ -83,8 +101,11 @@ class ScriptedFaults:
         self._queue.clear()
 
     @contextmanager
-    def injecting(self, faults: Iterable[Fault]) -> Iterator[None]:
-        """The I/O calls made inside suffer `faults`, in order; none is left over after."""
+    def injecting(self, faults: Iterable[Fault] | str) -> Iterator[None]:
+        """The I/O calls made inside suffer `faults`, in order (or the faults written as
+        words: "ok raise late(2)"); none is left over after."""
+        if isinstance(faults, str):
+            faults = [Fault.parse(word) for word in faults.split()]  # each word judged before any is queued
         for f in faults:
             self.push(f)
         try:

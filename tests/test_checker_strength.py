@@ -30,7 +30,7 @@ from kvoracle.kvcache.faults import (
 )
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import make_pool
-from kvoracle.kvcache.pool.fingerprint import seed_fingerprints
+from kvoracle.kvcache.pool.fingerprint import content_fingerprints, seed_content, seed_fingerprints
 from kvoracle.kvcache.storage import MemoryStorage, StorageError
 from kvoracle.kvcache.tree import Node
 from kvoracle.scheduler.content import KVPools, content
@@ -288,6 +288,21 @@ def test_the_expected_fingerprints_survive_their_memo_filling_up(monkeypatch: py
     assert module._wanted([1, 2], 64) == seed_fingerprints([1, 2], 64)
     assert module._wanted([1, 2, 3, 4], 64) == seed_fingerprints([1, 2, 3, 4], 64)
     assert module._wanted([5, 1, 5], 64) == seed_fingerprints([5, 1, 5], 64)
+
+
+def test_the_fingerprints_of_contents_seen_before_are_those_of_the_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """INV-CONTENT fingerprints each content once: the memo answers as content_fingerprints
+    does on the same bytes, whether it fills up, overflows, or one batch is more than it holds."""
+    from kvoracle.scheduler import content as module
+    rows = seed_content([1, 2, 3, 1, 4, 5], 64)
+    monkeypatch.setattr(module, "_SEEN", {})
+    monkeypatch.setattr(module, "_SEEN_BYTES", 3 * 64)
+    for batch in (rows[:2], rows[:4], rows[3:], rows[[0, 0]], rows):
+        assert module._fingerprints(batch) == content_fingerprints(batch)
+    assert len(module._SEEN) <= 3
+    changed = rows[:1].copy()
+    changed[0, 5] ^= 1
+    assert module._fingerprints(changed) == content_fingerprints(changed) != module._fingerprints(rows[:1])
 
 
 def test_content_flags_a_partial_block_not_refilled_after_decode() -> None:

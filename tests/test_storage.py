@@ -18,7 +18,7 @@ from kvoracle.kvcache.faults import (
     ScriptedFaults,
 )
 from kvoracle.kvcache.storage import BadBlockHash, DirectoryStorage, MemoryStorage, StorageBackend, StorageError
-from kvoracle.spec.types import BlockHash, Error, Ok, Partial
+from kvoracle.spec.types import BlockHash, Error, Ok, Partial, RequestId
 
 H = [BlockHash(0x1234_5678_9ABC_DEF0 + i) for i in range(4)]
 DATA = [bytes([i]) * (16 + i) for i in range(4)]
@@ -149,6 +149,36 @@ def test_fault_str() -> None:
     assert [str(Fault(k, done=1, delay=3)) for k in FaultKind] == [
         "ok", "raise", "error", "partial(1)", "hang", "late(3)", "twice(3)"
     ]
+
+
+def test_a_fault_written_as_its_word_reads_back_as_that_fault() -> None:
+    """Every fault a campaign draws reads back from its word; a word no fault writes is a
+    ValueError, and `injecting` refuses a string holding one before it queues any fault."""
+    from kvoracle.oracle.scheduler_machine import FAULTS
+    for f in (*FAULTS, Fault(FaultKind.OK), Fault(FaultKind.TWICE, delay=0)):
+        assert Fault.parse(str(f)) == f
+    for word in ("Raise", "late", "raise(2)", "partial()", "partial(-1)", "nope", ""):
+        with pytest.raises(ValueError, match="no fault is written"):
+            Fault.parse(word)
+    plan = ScriptedFaults([])
+    with plan.injecting("ok raise late(2)"):
+        assert [str(plan.next_fault("read", 1)) for _ in range(4)] == ["ok", "raise", "late(2)", "ok"]
+    plan.push(Fault(FaultKind.HANG))
+    with pytest.raises(ValueError), plan.injecting("raise rasie"):
+        pass
+    assert plan.next_fault("read", 1) == Fault(FaultKind.HANG)  # nothing was queued before it
+
+
+def test_the_reference_writes_faults_as_words_where_each_reads_back() -> None:
+    """The reference scheduler's scripted call carries its faults as words, or as their
+    reprs where a word would lose a field (a partial fault with a delay)."""
+    from kvoracle.oracle.engines.reference_scheduler import ReferenceScheduler
+    a = ReferenceScheduler()
+    a.submit(RequestId(0), [1, 2, 3])
+    a.schedule([Fault(FaultKind.OK), Fault(FaultKind.RAISE), Fault(FaultKind.OK)])
+    a.schedule([Fault(FaultKind.PARTIAL, done=1, delay=2)])
+    assert a.lines[-2:] == ["with plan.injecting('ok raise'):\n    rm.schedule()",
+                            "with plan.injecting([Fault(FaultKind.PARTIAL, done=1, delay=2)]):\n    rm.schedule()"]
 
 
 # --- FaultyStorage ---------------------------------------------------------------------
