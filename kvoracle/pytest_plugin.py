@@ -15,12 +15,13 @@ plugin), and no test unless --kvoracle-adapter is given.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from kvoracle.oracle.arguments import at_least
 
 if TYPE_CHECKING:  # the plugin loads in every pytest session: Hypothesis only when asked for
     from hypothesis.stateful import RuleBasedStateMachine
@@ -80,26 +81,14 @@ def shadow_options(parser: pytest.Parser) -> None:
                          "FILE.py:CLASS of an observer; several joined by +, e.g. vllm+vllm-scheduler)")
     group.addoption("--kvoracle-shadow-report", action="store_true",
                     help="only report alarms: do not fail the session")
-    group.addoption("--kvoracle-shadow-history", type=_at_least(0), default=10, metavar="N",
+    group.addoption("--kvoracle-shadow-history", type=at_least(0), default=10, metavar="N",
                     help="calls shown per alarm (default 10)")
-    group.addoption("--kvoracle-shadow-interval", type=_at_least(1), default=1, metavar="N",
+    group.addoption("--kvoracle-shadow-interval", type=at_least(1), default=1, metavar="N",
                     help="without incremental checks, a full check every N calls (default 1)")
     group.addoption("--kvoracle-shadow-dir", default=None, metavar="DIR",
                     help="where reproduction files go (default: $KVORACLE_SHADOW_DIR or the temp dir)")
 
 
-def _at_least(least: int) -> Callable[[str], int]:
-    """An option's type: an integer of at least `least` (pytest's usage error otherwise)."""
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"want an integer of at least {least}, not {text!r}")
-        return value
-
-    return count
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -29,6 +29,7 @@ from kvoracle.oracle.mutants import MUTANTS
 from kvoracle.oracle.reach import Tracker
 from kvoracle.oracle.report import columns
 from kvoracle.oracle import audit, stateful, watchdog
+from kvoracle.oracle.arguments import at_least
 from kvoracle.oracle.scheduler_machine import FAULT_RATE, use_faults
 from kvoracle.oracle.cache_machine import Tally
 from kvoracle.oracle.isolation import Ended
@@ -1075,15 +1076,7 @@ class ReaderGone:
         return getattr(self.out, name)
 
 
-def positive(text: str) -> int:
-    """A count option's value: a whole number, at least 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+positive = at_least(1)  # a count option's type
 
 
 def version() -> str:

@@ -3,6 +3,7 @@ mutant of either) behind the scheduler Protocol."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from kvoracle.kvcache.abstraction import abstract, audit, snapshot
@@ -43,10 +44,15 @@ def _written(faults: Sequence[Fault]) -> str:
     """Faults as the argument of `plan.injecting`: their words ("raise late(2)"), which
     read as the campaign prints them and compile in a third of the time of their reprs,
     where every word gives its fault back; else the list of their reprs."""
-    words = " ".join(map(str, faults))
-    if all(Fault.parse(str(f)) == f for f in faults):
-        return repr(words)
-    return repr(list(faults))
+    words = list(map(_word, faults))
+    return repr(list(faults)) if None in words else repr(" ".join(map(str, words)))
+
+
+@functools.cache
+def _word(f: Fault) -> str | None:
+    """f's word where it gives f back, else None (a campaign draws few distinct faults)."""
+    word = str(f)
+    return word if Fault.parse(word) == f else None
 
 
 class ReferenceScheduler(Scripted):
