@@ -322,7 +322,7 @@ def observed(s: CacheState, obs: object, line: int) -> View:
         for k, v in refs.items():
             if not (isinstance(k, str) and k.isascii() and k.isdigit()):
                 raise TraceFormatError(line, f"refcounts are keyed by node hashes in decimal, not {k!r}")
-            h = BlockHash(int(k))
+            h = _hash(int(k), line, f"the refcounts' key {k}")
             if h in nodes:
                 nodes[h] = replace(nodes[h], refcount=_int(v, line, "refcount"))
         s = replace(s, nodes=nodes)

@@ -124,6 +124,8 @@ def test_blank_lines_are_skipped_and_every_line_keeps_its_number(tmp_path: Path,
     (json.dumps({"op": "release", "request": True}), "request must be an integer"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"0x5": 1}}}), "decimal"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {"\u00b2": 1}}}), "decimal"),
+    (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"refcounts": {str(1 << 64): 1}}}),
+     "the refcounts' key 18446744073709551616 must be below 2\\*\\*64"),
     (json.dumps({"op": "match", "request": 0, "hashes": [], "observe": {"counters": [1]}}), "counters must map"),
     # a misspelt field is refused, not ignored with what it would have checked
     (json.dumps({"op": "match", "request": 0, "hashes": [], "obsreve": {"gpu_free": [0, 0]}}),
