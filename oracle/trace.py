@@ -498,9 +498,7 @@ def _replay_system(lines: Sequence[str], events: Sequence[tuple[int, str]], s: S
             raise TraceFormatError(n, _no_op(op, "scheduler"))
         ops.add(op)
         if op in SCHEDULING:
-            extra = sorted(k for k in ev if k != "op" and not k.startswith("_"))  # _fields are the engine's own
-            if extra:
-                raise TraceFormatError(n, f"a {op} line carries nothing but its op (and _fields), not {extra}")
+            _checked(ev, (frozenset({"op"}), frozenset()), n, f"a {op} line (it carries nothing but its op)")
             found = steps.mark(op, s, before, n)
             if found:
                 return TraceReport(count, found, n, list(lines[:n]))

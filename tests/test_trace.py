@@ -410,7 +410,8 @@ def test_an_engine_that_leaves_a_request_that_fits_waiting_is_live_admit() -> No
     ([], {"block_size": 0}, "line 1: block_size must be at least 1"),
     ([], {"level": "Scheduler"}, "line 1: level must be"),
     ([{"op": "exit", "request": 0, "to": ["finished"]}], {}, "line 2: exit to"),
-    ([{"op": "schedule", "observe": {"gpu_free": [0]}}], {}, "line 2: a schedule line carries nothing but its op"),
+    ([{"op": "schedule", "observe": {"gpu_free": [0]}}], {},
+     "line 2: a schedule line \\(it carries nothing but its op\\) has no field 'observe'"),
     ([{"op": "tick", "ticks": -1}], {}, "line 2: ticks must be at least 0"),
 ])
 def test_misplaced_step_lines_and_a_bad_reserve_are_format_errors(events: list[dict[str, object]],
