@@ -273,11 +273,9 @@ def _raised_at(e: BaseException) -> str:
     """Where in the program an exception no check caught came: the machine's drain at the
     end, or its last step (a step that raises ends the program, so the shrunk program
     shown ends with the step that raised)."""
-    frames = traceback.extract_tb(e.__traceback__)
-    return "teardown" if any(f.name == "teardown" and _MACHINES in f.filename for f in frames) else "the last step"
-
-
-_MACHINES = "_machine.py"  # the machines' modules: a `teardown` frame there is the drain at the end
+    draining = any(frame.f_code.co_name == "teardown" and isinstance(frame.f_locals.get("self"), RuleBasedStateMachine)
+                   for frame, _ in traceback.walk_tb(e.__traceback__))
+    return "teardown" if draining else "the last step"
 
 
 def did_not_replay(e: Flaky, first: PropertyViolated | None) -> PropertyViolated:
