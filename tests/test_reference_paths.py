@@ -579,6 +579,35 @@ def test_directory_write_reports_nothing_durable_when_the_directory_sync_fails(
     assert s.write([(BlockHash(7), b"c")]) == 0
 
 
+@pytest.mark.skipif(os.name != "posix", reason="the directory is synced on POSIX only")
+def test_directory_write_syncs_each_block_file_before_its_rename_then_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durable is what a crash leaves: each block's file is on disk before it takes the
+    block's name, and the names are once the directory is synced after the renames."""
+    s = DirectoryStorage(tmp_path)
+    seen: list[tuple[str, int]] = []  # (what, the inode it was done to)
+    fsync, rename = os.fsync, os.replace
+
+    def syncing(fd: int) -> None:
+        st = os.fstat(fd)
+        seen.append(("sync directory" if stat.S_ISDIR(st.st_mode) else "sync file", st.st_ino))
+        fsync(fd)
+
+    def renaming(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        seen.append(("rename", os.stat(src).st_ino))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", syncing)
+    monkeypatch.setattr(os, "replace", renaming)
+    assert s.write([(BlockHash(5), b"a"), (BlockHash(6), b"b")]) == 2
+    renamed = [ino for what, ino in seen if what == "rename"]
+    assert len(renamed) == 2
+    for ino in renamed:
+        assert ("sync file", ino) in seen and seen.index(("sync file", ino)) < seen.index(("rename", ino))
+    assert seen[-1][0] == "sync directory"
+
+
 def test_directory_temp_files_are_made_in_the_storage_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The temporary file is created next to its block file (an atomic rename), not in the system temp dir."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))

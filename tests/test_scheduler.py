@@ -20,7 +20,7 @@ from kvoracle.spec.actions import Complete, PreconditionError
 from kvoracle.spec.scheduler import apply, exit_request, tick
 from kvoracle.spec.state import Request, Status, System
 from kvoracle.spec.view import of_system
-from kvoracle.spec.types import Error, RequestId, Timeout, TransferId
+from kvoracle.spec.types import Error, OnGpu, RequestId, Timeout, TransferId
 
 R = RequestId(0)
 
@@ -118,6 +118,28 @@ def test_each_write_policy_writes_on_the_exits_it_names_and_no_other(policy: Wri
         rm.tick(1)
         assert (len(store) > 0) == (exit_to in writes), (policy, exit_to)
         assert policy.writes_on(exit_to) == (exit_to in writes)
+
+
+@pytest.mark.parametrize("gpu", [3, 4])
+def test_admission_evicts_only_the_blocks_it_is_short_of(gpu: int) -> None:
+    """A prompt whose first two blocks are cached on the GPU hits them and keeps them cached:
+    admission evicts only what its new blocks lack in free ones (here nothing), so never
+    the prefix it is about to use (its shortfall counts its GPU hits)."""
+    plan = ScriptedFaults()
+    rm = ResourceManager(CacheManager(gpu, 0), FaultyStorage(MemoryStorage(), plan), FaultyCopier(plan),
+                         block_size=2, timeout=3)
+    rm.submit(R, [1, 2, 3, 4])
+    rm.schedule()
+    rm.schedule()  # decodes a token: the two full blocks are now the cache's
+    rm.finish([R])
+    rm.tick(1)  # the write answers
+    cached = sorted(n.tier.gpu for n in rm.cache.tree.walk() if isinstance(n.tier, OnGpu))
+    assert len(cached) == 2 and rm.cache.gpu.num_free == gpu - 2
+    hits = rm.stats.hit_blocks
+    rm.submit(RequestId(1), [1, 2, 3, 4, 5])
+    assert rm.schedule() == [RequestId(1)]
+    assert rm.stats.hit_blocks - hits == 2 and sorted(rm.cache.table(RequestId(1))[:2]) == cached
+    assert sorted(n.tier.gpu for n in rm.cache.tree.walk() if isinstance(n.tier, OnGpu)) == cached
 
 
 def test_preempted_request_is_first_in_line_again() -> None:
