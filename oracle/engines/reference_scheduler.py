@@ -40,9 +40,10 @@ def _turn_about(exited: list[RequestId], finished: list[RequestId]) -> tuple[Req
     pair = (finished[-1], aborted[-1])
     return pair if len(exited) % 2 else (pair[1], pair[0])
 
+
 def _written(faults: Sequence[Fault]) -> str:
     """Faults as the argument of `plan.injecting`: their words ("raise late(2)"), which
-    read as the campaign prints them and compile in a third of the time of their reprs,
+    read as the campaign prints them and compile in about half the time of their reprs,
     where every word gives its fault back; else the list of their reprs."""
     words = list(map(_word, faults))
     return repr(list(faults)) if None in words else repr(" ".join(map(str, words)))
