@@ -301,21 +301,31 @@ def figures(backend: str, device: Device, audit_gb: float, hbm_so_far: float) ->
     return hbm, line.rows
 
 
+def _backends(text: str) -> list[str]:
+    """--backends: the GPU backends named, each torch or cupy (numpy and paddle run in CI)."""
+    named = [b.strip() for b in text.split(",") if b.strip()]
+    wrong = [b for b in named if b not in ("torch", "cupy")]
+    if wrong or not named:
+        raise argparse.ArgumentTypeError(f"want torch, cupy or both, comma-separated, not {text!r}")
+    return named
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--audit-gb", type=float, default=40.0, help="audit pool size in GB (default 40)")
-    parser.add_argument("--backends", default="torch,cupy", help="comma-separated: torch, cupy")
+    parser.add_argument("--backends", default="torch,cupy", type=_backends, help="comma-separated: torch, cupy")
     parser.add_argument("--skip-tests", action="store_true", help="figures only")
     args = parser.parse_args(argv)
     found: list[tuple[str, Device]] = []
-    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+    for backend in args.backends:
         device, why = find_device(backend)
         if device is None:
             print(f"{backend}: skipped: {why}")
         else:
             found.append((backend, device))
     if not found:
-        print("no CUDA device found: nothing to check here (the GPU tests skip; numpy and paddle run in CI)")
+        print("no backend found a CUDA device (the reasons above): nothing to check here (the GPU tests skip; "
+              "numpy and paddle run in CI)")
         return 0
     failed = [] if args.skip_tests else [b for b, _ in found if not run_tests(b)]
     hbm = 0.0

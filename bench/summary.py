@@ -240,9 +240,11 @@ def workers(examples: int) -> list[Row]:
 def gpu() -> list[Row]:
     """bench/gpu_check.py's figures (swaps, the whole-pool audit, their hardware references)
     for torch and cupy, where either finds a CUDA device; its lines go to stderr."""
-    found = [(b, d) for b in ("torch", "cupy") for d in [gpu_check.find_device(b)[0]] if d is not None]
+    looked = {b: gpu_check.find_device(b) for b in ("torch", "cupy")}
+    found = [(b, d) for b, (d, _) in looked.items() if d is not None]
     if not found:
-        return [("GPU block pool", "-", "no CUDA device here: run bench/gpu_check.py on a GPU machine "
+        why = "; ".join(f"{b}: {reason}" for b, (_, reason) in looked.items())
+        return [("GPU block pool", "-", f"no CUDA device found ({why}): run bench/gpu_check.py on a GPU machine "
                  "(docs/gpu.md has an H200's figures)")]
     rows: list[Row] = []
     hbm = 0.0
