@@ -378,6 +378,19 @@ def test_a_late_answer_within_the_timeout_is_delivered() -> None:
     assert set(rm.hashes(R0)) <= rm.cache.stored
 
 
+def test_an_answer_due_on_the_deadline_tick_is_delivered_before_the_timeout() -> None:
+    """The reference's order within one tick (spec leaves it open): what is due now is
+    delivered, then what has run `timeout` ticks times out; an answer that comes exactly
+    on time completes its transfer and is not thrown away as stale."""
+    rm, plan = manager(policy=WritePolicy.ON_FINISH, timeout=3)
+    t = started_write(rm, plan, Fault(FaultKind.LATE, delay=3))
+    rm.tick(2)
+    assert t in rm.in_flight()
+    rm.tick(1)
+    assert completions(rm, t) == [Ok()] and rm.stats.timeouts == 0
+    assert set(rm.hashes(R0)) <= rm.cache.stored
+
+
 def test_a_raising_write_is_journaled_as_an_error_answer() -> None:
     """An I/O call that raises is an `error` answer to its transfer, recorded as such."""
     rm, plan = manager(policy=WritePolicy.ON_FINISH)
