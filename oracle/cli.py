@@ -988,8 +988,8 @@ def parser() -> argparse.ArgumentParser:
                     help="Hypothesis programs per machine at the ci scope (default 100); the quick scope runs "
                          "a fifth of them, the deep one five times as many")
     pr.add_argument("--show", action="store_true",
-                    help="print the mutants' counterexamples: the violation, then the numbered steps (a failing "
-                         "run's detail is printed without it)")
+                    help="print each run's detail: the mutants' counterexamples (the violation, then the numbered "
+                         "steps) and what CrossHair searched (a failing run's detail is printed without it)")
     pr.set_defaults(func=cmd_prove)
     h = sub.add_parser("hunt", help="the known-bugs benchmark: real bugs of released engines, caught and fixed "
                                     "(from a checkout of the repository)",
