@@ -9,13 +9,19 @@ shows up as a wrong fingerprint even when every counter adds up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from kvoracle.kvcache.manager import CacheManager
 from kvoracle.kvcache.pool import BlockPool, Bytes2D, content_fingerprints, seed_fingerprints
 from kvoracle.spec.hashing import block_hash
 from kvoracle.spec.invariants import Content, Violation, inv_content
 from kvoracle.spec.types import BlockHash, OnCpu, OnGpu, SwappingIn, SwappingOut
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -69,41 +75,45 @@ def _compare(tier: str, pool: BlockPool, blocks: list[int], seeds: list[int]) ->
     return inv_content([Content(tier, b, w, h) for b, h, w in zip(blocks, have, want)])
 
 
-# A block's bytes -> their fingerprint: a pure function of the bytes, and a campaign's blocks
-# hold few distinct contents, so each is fingerprinted once (up to _SEEN_BYTES of keys). The
-# bytes are read afresh at every check: nothing the pool says about its writes is trusted.
+# Two memos of pure functions: a block's bytes -> their fingerprint (a campaign's blocks hold
+# few distinct contents; the bytes are read afresh at every check, so nothing the pool says
+# about its writes is trusted), and (seed, block bytes) -> the fingerprint of the content it
+# stands for (a campaign's prompts give few seeds). Each key is computed once, up to a bound.
 _SEEN: dict[bytes, int] = {}
-_SEEN_BYTES = 1 << 26
+_SEEN_BYTES = 1 << 26  # of keys
+_WANTED: dict[tuple[int, int], int] = {}
+_WANTED_MAX = 1 << 16
+
+
+def _memoized(memo: dict[K, int], keys: list[K], compute: Callable[[list[K]], list[int]], most: int) -> list[int]:
+    """compute(keys), computing only the keys `memo` lacks; a memo that would hold more than
+    `most` keys is emptied first, and again after a call whose keys alone are more."""
+    new = [k for k in dict.fromkeys(keys) if k not in memo]
+    if new and len(memo) + len(new) > most:
+        memo.clear()  # the keys seen before go with it: compute every key of this call
+        new = list(dict.fromkeys(keys))
+    if new:
+        memo.update(zip(new, compute(new)))
+    found = [memo[k] for k in keys]
+    if len(memo) > most:
+        memo.clear()
+    return found
 
 
 def _fingerprints(rows: Bytes2D) -> list[int]:
     """content_fingerprints(rows), fingerprinting only the contents not seen before (the
     reference definition every pool's own fingerprints match, on the bytes the pool holds)."""
-    keys = [row.tobytes() for row in rows]
-    new = {k: i for i, k in enumerate(keys) if k not in _SEEN}
-    if not new:
-        return [_SEEN[k] for k in keys]
-    if (len(_SEEN) + len(new)) * rows.shape[1] > _SEEN_BYTES:
-        _SEEN.clear()  # the contents seen before go with it
-        if len(set(keys)) * rows.shape[1] > _SEEN_BYTES:
-            return content_fingerprints(rows)  # this batch alone is more than the memo holds
-        new = dict(zip(keys, range(len(keys))))
-    _SEEN.update(zip(new, content_fingerprints(rows[list(new.values())])))
-    return [_SEEN[k] for k in keys]
+    width = rows.shape[1]
 
+    def computed(contents: list[bytes]) -> list[int]:
+        return content_fingerprints(np.frombuffer(b"".join(contents), dtype=np.uint8).reshape(len(contents), width))
 
-# (seed, block bytes) -> the fingerprint of the content it stands for: a pure function of the
-# two, and a campaign's prompts give few seeds, so each is computed once (up to _WANTED_MAX)
-_WANTED: dict[tuple[int, int], int] = {}
-_WANTED_MAX = 1 << 16
+    return _memoized(_SEEN, [row.tobytes() for row in rows], computed, _SEEN_BYTES // max(1, width))
 
 
 def _wanted(seeds: list[int], block_bytes: int) -> list[int]:
     """seed_fingerprints(seeds, block_bytes), computing only the seeds not seen before."""
-    new = [s for s in dict.fromkeys(seeds) if (s, block_bytes) not in _WANTED]
-    if new and len(_WANTED) + len(new) > _WANTED_MAX:
-        _WANTED.clear()  # the seeds seen before go with it: compute every seed of this call
-        new = list(dict.fromkeys(seeds))
-    if new:
-        _WANTED.update(zip([(s, block_bytes) for s in new], seed_fingerprints(new, block_bytes)))
-    return [_WANTED[s, block_bytes] for s in seeds]
+    def computed(keys: list[tuple[int, int]]) -> list[int]:
+        return seed_fingerprints([seed for seed, _ in keys], block_bytes)
+
+    return _memoized(_WANTED, [(s, block_bytes) for s in seeds], computed, _WANTED_MAX)
